@@ -1,0 +1,1 @@
+"""The adapter registry: uploads, S3 storage, validation and versions."""

@@ -1,0 +1,13 @@
+"""Liveness and readiness of the web process: the database answers."""
+
+from django.db import connection
+from django.http import JsonResponse
+
+
+def health(request):
+    try:
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT 1")
+    except Exception as exc:  # noqa: BLE001 - any database failure makes the process unready
+        return JsonResponse({"status": "unavailable", "database": str(exc)}, status=503)
+    return JsonResponse({"status": "ok"})

@@ -1,0 +1,157 @@
+"""The one settings module, driven by environment variables (see README "Configuration").
+
+With DEBUG on, embedded defaults let `make run` work on a fresh machine; with DEBUG off (production) every
+secret must be given and the deployment checks of `manage.py check --deploy` pass.
+"""
+
+from pathlib import Path
+
+import dj_database_url
+from django.core.exceptions import ImproperlyConfigured
+
+from config.env import env_bool, env_int, env_list, env_str, env_url, env_url_list
+
+BASE_DIR = Path(__file__).resolve().parent.parent
+STATE_DIR = Path(env_str("PLATFORM_STATE_DIR", str(BASE_DIR / ".state")))
+
+DEBUG = env_bool("DEBUG", False)
+
+_DEV_SECRET = "dev-only-insecure-secret-key-never-use-in-production-0123456789"
+SECRET_KEY = env_str("SECRET_KEY", _DEV_SECRET if DEBUG else None)
+if not DEBUG and (SECRET_KEY == _DEV_SECRET or len(SECRET_KEY) < 50):
+    raise ImproperlyConfigured("SECRET_KEY must be a random string of at least 50 characters when DEBUG is off")
+
+ALLOWED_HOSTS = env_list("ALLOWED_HOSTS", "127.0.0.1,localhost" if DEBUG else "")
+if not DEBUG and not ALLOWED_HOSTS:
+    raise ImproperlyConfigured("ALLOWED_HOSTS must be set when DEBUG is off")
+CSRF_TRUSTED_ORIGINS = env_list("CSRF_TRUSTED_ORIGINS")
+
+INSTALLED_APPS = [
+    "django.contrib.admin",
+    "django.contrib.auth",
+    "django.contrib.contenttypes",
+    "django.contrib.sessions",
+    "django.contrib.messages",
+    "django.contrib.staticfiles",
+    "rest_framework",
+    "rest_framework_api_key",
+    "drf_spectacular",
+    "tenants",
+    "adapters",
+    "gateway",
+]
+
+MIDDLEWARE = [
+    "django.middleware.security.SecurityMiddleware",
+    "django.contrib.sessions.middleware.SessionMiddleware",
+    "django.middleware.common.CommonMiddleware",
+    "django.middleware.csrf.CsrfViewMiddleware",
+    "django.contrib.auth.middleware.AuthenticationMiddleware",
+    "django.contrib.messages.middleware.MessageMiddleware",
+    "django.middleware.clickjacking.XFrameOptionsMiddleware",
+]
+
+ROOT_URLCONF = "config.urls"
+WSGI_APPLICATION = "config.wsgi.application"
+ASGI_APPLICATION = "config.asgi.application"
+
+TEMPLATES = [
+    {
+        "BACKEND": "django.template.backends.django.DjangoTemplates",
+        "DIRS": [BASE_DIR / "templates"],
+        "APP_DIRS": True,
+        "OPTIONS": {
+            "context_processors": [
+                "django.template.context_processors.request",
+                "django.contrib.auth.context_processors.auth",
+                "django.contrib.messages.context_processors.messages",
+            ],
+        },
+    },
+]
+
+DATABASES = {
+    "default": dj_database_url.parse(
+        env_url("DATABASE_URL", f"sqlite:///{STATE_DIR / 'db.sqlite3'}", schemes=("postgres", "postgresql", "sqlite")),
+        conn_max_age=env_int("DATABASE_CONN_MAX_AGE", 0, minimum=0),
+    )
+}
+DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
+
+AUTH_PASSWORD_VALIDATORS = [
+    {"NAME": "django.contrib.auth.password_validation.UserAttributeSimilarityValidator"},
+    {"NAME": "django.contrib.auth.password_validation.MinimumLengthValidator"},
+    {"NAME": "django.contrib.auth.password_validation.CommonPasswordValidator"},
+    {"NAME": "django.contrib.auth.password_validation.NumericPasswordValidator"},
+]
+LOGIN_URL = "login"
+LOGIN_REDIRECT_URL = "home"
+LOGOUT_REDIRECT_URL = "login"
+
+LANGUAGE_CODE = "en-us"
+TIME_ZONE = "UTC"
+USE_I18N = True
+USE_TZ = True
+
+STATIC_URL = "static/"
+STATICFILES_DIRS = [BASE_DIR / "static"]
+STATIC_ROOT = Path(env_str("STATIC_ROOT", str(STATE_DIR / "staticfiles")))
+
+# --- Redis (Celery broker, quota counters, key-revocation pub/sub) ---
+REDIS_URL = env_url("REDIS_URL", "redis://127.0.0.1:6379/0", schemes=("redis", "rediss", "unix"))
+CELERY_BROKER_URL = env_url("CELERY_BROKER_URL", REDIS_URL, schemes=("redis", "rediss", "unix", "amqp"))
+CELERY_RESULT_BACKEND = None
+CELERY_TASK_ACKS_LATE = True
+CELERY_TASK_REJECT_ON_WORKER_LOST = True
+CELERY_WORKER_PREFETCH_MULTIPLIER = 1
+CELERY_TASK_ALWAYS_EAGER = env_bool("CELERY_TASK_ALWAYS_EAGER", False)
+CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
+
+CACHES = {"default": {"BACKEND": "django.core.cache.backends.redis.RedisCache", "LOCATION": REDIS_URL}}
+
+# --- Object store (adapters). The public endpoint is what browsers reach for presigned uploads. ---
+S3_ENDPOINT_URL = env_url("S3_ENDPOINT_URL", "http://127.0.0.1:8333", schemes=("http", "https"))
+S3_PUBLIC_ENDPOINT_URL = env_url("S3_PUBLIC_ENDPOINT_URL", S3_ENDPOINT_URL, schemes=("http", "https"))
+S3_BUCKET = env_str("S3_BUCKET", "lora-adapters")
+S3_REGION = env_str("S3_REGION", "us-east-1")
+AWS_ACCESS_KEY_ID = env_str("AWS_ACCESS_KEY_ID", "platform-dev-access" if DEBUG else None)
+AWS_SECRET_ACCESS_KEY = env_str("AWS_SECRET_ACCESS_KEY", "platform-dev-secret-0123456789" if DEBUG else None)
+
+# --- Engines (internal OpenAI-compatible servers, ENGINE_PROTOCOL.md) ---
+ENGINE_URLS = env_url_list("ENGINE_URLS", "http://127.0.0.1:8100", schemes=("http", "https"))
+ENGINE_API_KEY = env_str("ENGINE_API_KEY", "platform-dev-engine-key" if DEBUG else None)
+BASE_MODEL_NAME = env_str("BASE_MODEL_NAME", "smollm2-135m-instruct")
+MAX_LORA_RANK = env_int("MAX_LORA_RANK", 64, minimum=1, maximum=512)
+
+REST_FRAMEWORK = {
+    "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
+    "DEFAULT_AUTHENTICATION_CLASSES": ["rest_framework.authentication.SessionAuthentication"],
+    "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAuthenticated"],
+    "DEFAULT_PAGINATION_CLASS": "rest_framework.pagination.LimitOffsetPagination",
+    "PAGE_SIZE": 50,
+}
+SPECTACULAR_SETTINGS = {
+    "TITLE": "LoRA platform management API",
+    "DESCRIPTION": "Tenants, API keys, quotas, usage and adapters. Inference is the OpenAI-compatible /v1 API.",
+    "VERSION": "0.1.0",
+    "SERVE_INCLUDE_SCHEMA": False,
+}
+
+LOGGING = {
+    "version": 1,
+    "disable_existing_loggers": False,
+    "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s %(message)s"}},
+    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
+    "root": {"handlers": ["console"], "level": env_str("LOG_LEVEL", "INFO")},
+}
+
+# --- Production hardening (what `manage.py check --deploy` asks for); TLS ends at the proxy in front. ---
+if not DEBUG:
+    SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https")
+    SECURE_SSL_REDIRECT = env_bool("SECURE_SSL_REDIRECT", True)
+    SECURE_HSTS_SECONDS = env_int("SECURE_HSTS_SECONDS", 31536000, minimum=0)
+    SECURE_HSTS_INCLUDE_SUBDOMAINS = True
+    SECURE_HSTS_PRELOAD = True
+    SESSION_COOKIE_SECURE = True
+    CSRF_COOKIE_SECURE = True
+    SECURE_REDIRECT_EXEMPT = [r"^health$"]

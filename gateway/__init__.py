@@ -1,0 +1,1 @@
+"""The per-tenant OpenAI-compatible inference API over the engines."""

@@ -1,0 +1,1 @@
+"""Tenants, people and roles, API keys, quotas and usage metering."""
