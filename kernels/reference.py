@@ -1,0 +1,80 @@
+"""Plain, obviously correct torch versions of every op: the oracle the tests compare the fast paths with.
+
+Slow on purpose (Python loops over sequences and tokens); never used by the engine.
+"""
+
+import torch
+
+
+def paged_attention(
+    q: torch.Tensor,  # [num_tokens, num_q_heads, head_dim]
+    k_cache: torch.Tensor,  # [num_blocks, block_size, num_kv_heads, head_dim]
+    v_cache: torch.Tensor,  # [num_blocks, block_size, num_kv_heads, head_dim]
+    block_tables: torch.Tensor,  # [num_seqs, max_blocks] int32
+    seq_lens: torch.Tensor,  # [num_seqs] int32
+    query_start_loc: torch.Tensor,  # [num_seqs + 1] int32
+    scale: float,
+) -> torch.Tensor:  # [num_tokens, num_q_heads, head_dim]
+    num_q_heads, block_size, num_kv_heads = q.shape[1], k_cache.shape[1], k_cache.shape[2]
+    group = num_q_heads // num_kv_heads
+    out = torch.zeros_like(q)
+    for i in range(seq_lens.shape[0]):
+        start, end = int(query_start_loc[i]), int(query_start_loc[i + 1])
+        seq_len, num_queries = int(seq_lens[i]), end - start
+        if num_queries == 0:
+            continue
+        positions = torch.arange(seq_len)
+        blocks = block_tables[i].long()[positions // block_size]
+        keys = k_cache[blocks, positions % block_size].float()  # [seq_len, num_kv_heads, head_dim]
+        values = v_cache[blocks, positions % block_size].float()
+        keys = keys.repeat_interleave(group, dim=1)  # [seq_len, num_q_heads, head_dim]
+        values = values.repeat_interleave(group, dim=1)
+        for j in range(num_queries):
+            query_pos = seq_len - num_queries + j  # causal: sees positions 0..query_pos
+            scores = torch.einsum("hd,khd->hk", q[start + j].float(), keys[: query_pos + 1]) * scale
+            probs = torch.softmax(scores, dim=-1)
+            out[start + j] = torch.einsum("hk,khd->hd", probs, values[: query_pos + 1]).to(q.dtype)
+    return out
+
+
+def write_kv(
+    k: torch.Tensor,  # [num_tokens, num_kv_heads, head_dim]
+    v: torch.Tensor,  # [num_tokens, num_kv_heads, head_dim]
+    k_cache: torch.Tensor,  # [num_blocks, block_size, num_kv_heads, head_dim]
+    v_cache: torch.Tensor,  # [num_blocks, block_size, num_kv_heads, head_dim]
+    slot_mapping: torch.Tensor,  # [num_tokens] int64; -1 = skip
+) -> None:
+    block_size = k_cache.shape[1]
+    for t in range(k.shape[0]):
+        slot = int(slot_mapping[t])
+        if slot < 0:
+            continue
+        k_cache[slot // block_size, slot % block_size] = k[t]
+        v_cache[slot // block_size, slot % block_size] = v[t]
+
+
+def lora_shrink(
+    x: torch.Tensor,  # [num_tokens, in_features]
+    lora_a: torch.Tensor,  # [num_slots, max_rank, in_features]
+    token_slots: torch.Tensor,  # [num_tokens] int32; -1 = no adapter
+) -> torch.Tensor:  # [num_tokens, max_rank] float32
+    h = torch.zeros(x.shape[0], lora_a.shape[1], dtype=torch.float32, device=x.device)
+    for t in range(x.shape[0]):
+        slot = int(token_slots[t])
+        if slot >= 0:
+            h[t] = lora_a[slot].float() @ x[t].float()
+    return h
+
+
+def lora_expand(
+    y: torch.Tensor,  # [num_tokens, out_features], updated in place
+    h: torch.Tensor,  # [num_tokens, max_rank]
+    lora_b: torch.Tensor,  # [num_slots, out_features, max_rank]
+    token_slots: torch.Tensor,  # [num_tokens] int32; -1 = no adapter
+    scales: torch.Tensor,  # [num_slots] float32
+) -> None:
+    for t in range(y.shape[0]):
+        slot = int(token_slots[t])
+        if slot >= 0:
+            delta = float(scales[slot]) * (lora_b[slot].float() @ h[t].float())
+            y[t] += delta.to(y.dtype)
