@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 MODEL := smollm2-135m-instruct
 
-.PHONY: run test install model services lint bench clean-state
+.PHONY: run test install model static services lint bench clean-state
 
 $(VENV)/.installed: requirements.lock pyproject.toml
 	@command -v $(PYTHON) >/dev/null || { echo "need $(PYTHON) on PATH"; exit 1; }
@@ -15,16 +15,25 @@ $(VENV)/.installed: requirements.lock pyproject.toml
 
 install: $(VENV)/.installed
 
+# Front-end libraries come from npm (package-lock.json pins them) and are copied into static/vendor/.
+static/vendor/.built: package.json package-lock.json
+	npm ci --ignore-scripts --no-audit --no-fund --loglevel=error
+	mkdir -p static/vendor
+	cp node_modules/htmx.org/dist/htmx.min.js node_modules/chart.js/dist/chart.umd.min.js static/vendor/
+	touch $@
+
+static: static/vendor/.built
+
 model: install
 	$(PY) -m engine.models.prepare $(MODEL)
 
 services: install
 	$(PY) -m devstack services
 
-run: model
+run: model static
 	$(PY) -m devstack run
 
-test: model
+test: model static
 	$(PY) -m pytest
 
 lint: install
