@@ -4,7 +4,7 @@ import os
 
 os.environ.setdefault("DEBUG", "true")
 
-from devstack.services import test_service_urls  # noqa: E402
+from devstack.services import test_service_urls
 
 for _name, _value in test_service_urls().items():
     os.environ.setdefault(_name, _value)
