@@ -43,6 +43,11 @@ class _ExportMixin:
         response["Content-Disposition"] = 'attachment; filename="usage.csv"'
         return response
 
+    def handle_exception(self, exc):
+        # Errors keep the API's JSON shape whatever format the export was asked in.
+        self.request.accepted_renderer, self.request.accepted_media_type = JSONRenderer(), JSONRenderer.media_type
+        return super().handle_exception(exc)
+
 
 class TenantUsageDailyExportView(_ExportMixin, TenantUsageDailyView):
     pass
