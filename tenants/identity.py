@@ -50,7 +50,7 @@ class AuthFailure:
             "revoked": "The API key has been revoked.",
             "expired": "The API key has expired.",
             "suspended": "The tenant of this API key is suspended.",
-            "scope": f"The API key lacks the '{str(detail)}' scope." if detail else "The API key lacks the needed scope.",
+            "scope": f"The API key lacks the '{detail!s}' scope.",
         }
         if reason not in messages:
             raise ValueError(f"unknown auth failure reason {reason!r}; expected one of {cls.REASONS}")

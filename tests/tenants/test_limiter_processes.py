@@ -1,8 +1,8 @@
 """The limiter under 200 concurrent reservations from 4 processes: no over-admission, exact counters."""
 
 import multiprocessing
-from datetime import UTC, datetime
 import time
+from datetime import UTC, datetime
 
 import pytest
 import redis
