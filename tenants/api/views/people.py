@@ -3,7 +3,7 @@
 from django.contrib.auth import authenticate, get_user_model, login, logout, update_session_auth_hash
 from drf_spectacular.utils import extend_schema
 from rest_framework import generics, status
-from rest_framework.exceptions import AuthenticationFailed, PermissionDenied, ValidationError
+from rest_framework.exceptions import PermissionDenied, ValidationError
 from rest_framework.generics import get_object_or_404
 from rest_framework.permissions import AllowAny
 from rest_framework.response import Response
@@ -57,7 +57,7 @@ class LoginView(APIView):
         data = validated(LoginSerializer, request.data)
         user = authenticate(request, username=data["email"], password=data["password"])
         if user is None:
-            raise AuthenticationFailed("Wrong email or password.")
+            raise ValidationError("Wrong email or password.")
         login(request, user)
         return Response(UserSerializer(user).data)
 
