@@ -1,8 +1,29 @@
 """Query-string filters of the list endpoints (django-filter; they appear as parameters in the schema)."""
 
+from datetime import UTC
+
 import django_filters
+from django import forms
+from django_filters.fields import IsoDateTimeField
 
 from tenants.models import Membership, Role, Tenant, TenantAPIKey, UsageDaily, UsageRecord, UsageStatus
+
+
+class UTCIsoDateTimeField(IsoDateTimeField):
+    """An ISO 8601 moment turned into UTC here: PostgreSQL refuses offsets beyond +-15:59 and far-off years."""
+
+    def clean(self, value):
+        moment = super().clean(value)
+        if moment is None:
+            return None
+        try:
+            return moment.astimezone(UTC)
+        except (OverflowError, ValueError):
+            raise forms.ValidationError("Date and time out of range.", code="invalid") from None
+
+
+class UTCDateTimeFilter(django_filters.IsoDateTimeFilter):
+    field_class = UTCIsoDateTimeField
 
 
 class TenantFilter(django_filters.FilterSet):
@@ -47,8 +68,8 @@ class OperatorUsageDailyFilter(UsageDailyFilter):
 
 
 class UsageRecordFilter(django_filters.FilterSet):
-    since = django_filters.IsoDateTimeFilter(field_name="created_at", lookup_expr="gte")
-    until = django_filters.IsoDateTimeFilter(field_name="created_at", lookup_expr="lt")
+    since = UTCDateTimeFilter(field_name="created_at", lookup_expr="gte", help_text="From this moment, inclusive.")
+    until = UTCDateTimeFilter(field_name="created_at", lookup_expr="lt", help_text="Before this moment.")
     adapter = django_filters.CharFilter()
     status = django_filters.ChoiceFilter(choices=UsageStatus.choices)
 

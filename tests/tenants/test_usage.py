@@ -1,7 +1,7 @@
 """Usage rows, daily rollups (equal to the raw rows' sums), retention, percentiles and the month rebuild."""
 
 import random
-from datetime import UTC, date, datetime, timedelta
+from datetime import UTC, datetime, timedelta
 
 import pytest
 import redis.asyncio as aioredis
@@ -15,19 +15,10 @@ from tenants.effective_quota import EffectiveQuota
 from tenants.identity import TenantInfo
 from tenants.limiter import QuotaLimiter, Reservation
 from tenants.models import LATENCY_BUCKET_BOUNDS_MS, UsageDaily, UsageRecord, UsageStatus
-from tests.tenants.factories import TenantFactory
+from tests.tenants.factories import TenantFactory, record
 
 pytestmark = pytest.mark.django_db
 TODAY = datetime.now(UTC).date()
-
-
-def record(tenant, n: int, *, day: date = TODAY, adapter: str = "", latency_ms: int = 100,
-           status: str = UsageStatus.OK, prompt: int = 10, completion: int = 5, hour: int = 12):
-    services.usage_record_create(
-        request_id=f"req-{tenant.pk}-{n}", tenant_id=tenant.pk, api_key_id=None, adapter=adapter,
-        prompt_tokens=prompt, completion_tokens=completion, status=status, latency_ms=latency_ms,
-        created_at=datetime(day.year, day.month, day.day, hour, tzinfo=UTC),
-    )
 
 
 def test_one_row_per_request_id():
