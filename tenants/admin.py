@@ -24,6 +24,9 @@ class TenantAPIKeyAdmin(admin.ModelAdmin):
     readonly_fields = ["prefix", "hashed_key", "created", "last_used_at", "revoked_at"]
     list_filter = ["revoked"]
 
+    def has_add_permission(self, request) -> bool:
+        return False  # keys are made by services.api_key_create, which hashes them and shows the secret once
+
 
 @admin.register(Quota)
 class QuotaAdmin(admin.ModelAdmin):
