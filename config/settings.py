@@ -103,6 +103,8 @@ STATIC_ROOT = Path(env_str("STATIC_ROOT", str(STATE_DIR / "staticfiles")))
 
 # --- Redis (Celery broker, quota counters, key-revocation pub/sub) ---
 REDIS_URL = env_url("REDIS_URL", "redis://127.0.0.1:6379/0", schemes=("redis", "rediss", "unix"))
+# Connections per event loop of a gateway process to REDIS_URL (quota scripts, key-cache generation).
+REDIS_POOL_SIZE = env_int("REDIS_POOL_SIZE", 64, minimum=1)
 CELERY_BROKER_URL = env_url("CELERY_BROKER_URL", REDIS_URL, schemes=("redis", "rediss", "unix", "amqp"))
 CELERY_RESULT_BACKEND = None
 CELERY_TASK_ACKS_LATE = True

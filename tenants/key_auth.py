@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from django.utils import timezone
 
 from tenants.identity import AuthFailure, KeyInfo
+from tenants.redis_client import loop_redis
 
 AUTH_GENERATION_KEY = "tenants:auth:generation"
 LAST_USED_EVERY_S = 60.0  # write last_used_at at most this often per key and process
@@ -131,11 +132,9 @@ def default_authenticator() -> KeyAuthenticator:
     loop = asyncio.get_running_loop()
     authenticator = _authenticators.get(loop)
     if authenticator is None:
-        import redis.asyncio as aioredis
         from django.conf import settings
 
-        authenticator = KeyAuthenticator(aioredis.Redis.from_url(settings.REDIS_URL),
-                                         ttl_s=settings.API_KEY_CACHE_TTL_S)
+        authenticator = KeyAuthenticator(loop_redis(), ttl_s=settings.API_KEY_CACHE_TTL_S)
         _authenticators[loop] = authenticator
     return authenticator
 

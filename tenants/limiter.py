@@ -36,6 +36,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 from tenants.identity import TenantInfo
+from tenants.redis_client import loop_redis
 
 _LUA = Path(__file__).with_name("lua")
 MONTH_KEY_TTL_S = 40 * 86400  # a month counter outlives its month, for late settles
@@ -197,15 +198,13 @@ _limiters: "weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, QuotaLimiter]" 
 
 
 def default_limiter() -> QuotaLimiter:
-    """This event loop's limiter over settings.REDIS_URL (redis.asyncio connections belong to one loop)."""
+    """This event loop's limiter over settings.REDIS_URL."""
     loop = asyncio.get_running_loop()
     limiter = _limiters.get(loop)
     if limiter is None:
-        import redis.asyncio as aioredis
         from django.conf import settings
 
-        limiter = QuotaLimiter(aioredis.Redis.from_url(settings.REDIS_URL),
-                               slot_ttl_ms=settings.QUOTA_SLOT_TTL_S * 1000)
+        limiter = QuotaLimiter(loop_redis(), slot_ttl_ms=settings.QUOTA_SLOT_TTL_S * 1000)
         _limiters[loop] = limiter
     return limiter
 

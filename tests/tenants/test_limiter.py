@@ -204,3 +204,22 @@ def test_requests_that_can_never_fit_are_value_errors(redis_db):
                          [(0, "0ms"), (250, "250ms"), (1500, "1.5s"), (60_000, "1m0s"), (61_250, "1m1.25s")])
 def test_format_duration(ms, text):
     assert format_duration(ms) == text
+
+
+@pytest.mark.django_db
+def test_module_functions_queue_a_burst_larger_than_the_pool(redis_db, settings):
+    from tenants import limiter
+
+    settings.REDIS_POOL_SIZE = 4
+
+    async def main():
+        outcomes = await asyncio.gather(*(limiter.reserve(tenant(7, max_concurrent_requests=100,
+                                                                requests_per_minute=100), "k", 1, 1)
+                                          for _ in range(60)))
+        admitted = [o for o in outcomes if isinstance(o, Reservation)]
+        closed = await asyncio.gather(*(limiter.settle(r, 1, 0) for r in admitted[:30]),
+                                      *(limiter.release(r) for r in admitted[30:]))
+        return len(admitted), closed
+
+    num_admitted, closed = async_to_sync(main)()
+    assert num_admitted == 60 and all(closed)
