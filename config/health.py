@@ -1,6 +1,6 @@
 """Liveness and readiness of the web process: the database answers."""
 
-from django.db import connection
+from django.db import DatabaseError, connection
 from django.http import JsonResponse
 
 
@@ -8,6 +8,6 @@ def health(request):
     try:
         with connection.cursor() as cursor:
             cursor.execute("SELECT 1")
-    except Exception as exc:  # noqa: BLE001 - any database failure makes the process unready
+    except DatabaseError as exc:
         return JsonResponse({"status": "unavailable", "database": str(exc)}, status=503)
     return JsonResponse({"status": "ok"})

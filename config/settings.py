@@ -7,6 +7,7 @@ secret must be given and the deployment checks of `manage.py check --deploy` pas
 from pathlib import Path
 
 import dj_database_url
+from celery.schedules import crontab
 from django.core.exceptions import ImproperlyConfigured
 
 from config.env import env_bool, env_int, env_list, env_str, env_url, env_url_list
@@ -35,7 +36,10 @@ INSTALLED_APPS = [
     "django.contrib.staticfiles",
     "rest_framework",
     "rest_framework_api_key",
+    "django_filters",
     "drf_spectacular",
+    "drf_spectacular_sidecar",  # Swagger UI and Redoc served from here, not from a CDN
+    "drf_standardized_errors",
     "tenants",
     "adapters",
     "gateway",
@@ -99,6 +103,8 @@ STATIC_ROOT = Path(env_str("STATIC_ROOT", str(STATE_DIR / "staticfiles")))
 
 # --- Redis (Celery broker, quota counters, key-revocation pub/sub) ---
 REDIS_URL = env_url("REDIS_URL", "redis://127.0.0.1:6379/0", schemes=("redis", "rediss", "unix"))
+# Connections per event loop of a gateway process to REDIS_URL (quota scripts, key-cache generation).
+REDIS_POOL_SIZE = env_int("REDIS_POOL_SIZE", 64, minimum=1)
 CELERY_BROKER_URL = env_url("CELERY_BROKER_URL", REDIS_URL, schemes=("redis", "rediss", "unix", "amqp"))
 CELERY_RESULT_BACKEND = None
 CELERY_TASK_ACKS_LATE = True
@@ -123,18 +129,62 @@ ENGINE_API_KEY = env_str("ENGINE_API_KEY", "platform-dev-engine-key" if DEBUG el
 BASE_MODEL_NAME = env_str("BASE_MODEL_NAME", "smollm2-135m-instruct")
 MAX_LORA_RANK = env_int("MAX_LORA_RANK", 64, minimum=1, maximum=512)
 
+# --- Tenants: platform default quotas (each tenant may override), key cache, usage retention ---
+TENANT_QUOTA_DEFAULTS = {
+    "requests_per_minute": env_int("QUOTA_DEFAULT_REQUESTS_PER_MINUTE", 60, minimum=1),
+    "tokens_per_minute": env_int("QUOTA_DEFAULT_TOKENS_PER_MINUTE", 100_000, minimum=1),
+    "monthly_tokens": env_int("QUOTA_DEFAULT_MONTHLY_TOKENS", 10_000_000, minimum=1),
+    "max_concurrent_requests": env_int("QUOTA_DEFAULT_MAX_CONCURRENT_REQUESTS", 8, minimum=1),
+    "default_max_tokens": env_int("QUOTA_DEFAULT_DEFAULT_MAX_TOKENS", 256, minimum=1),
+    "max_tokens_limit": env_int("QUOTA_DEFAULT_MAX_TOKENS_LIMIT", 4096, minimum=1),
+    "max_adapters": env_int("QUOTA_DEFAULT_MAX_ADAPTERS", 20, minimum=1),
+    "max_adapter_storage_bytes": env_int("QUOTA_DEFAULT_MAX_ADAPTER_STORAGE_BYTES", 2 * 1024**3, minimum=1),
+}
+if TENANT_QUOTA_DEFAULTS["default_max_tokens"] > TENANT_QUOTA_DEFAULTS["max_tokens_limit"]:
+    raise ImproperlyConfigured("QUOTA_DEFAULT_DEFAULT_MAX_TOKENS must be <= QUOTA_DEFAULT_MAX_TOKENS_LIMIT")
+# A concurrency slot of a request that never settles (a dead gateway process) is freed after this long.
+QUOTA_SLOT_TTL_S = env_int("QUOTA_SLOT_TTL_S", 900, minimum=10)
+# Gateway processes cache key lookups this long; revocations reach them at once regardless (tenants.key_auth).
+API_KEY_CACHE_TTL_S = env_int("API_KEY_CACHE_TTL_S", 60, minimum=0)
+USAGE_RAW_RETENTION_DAYS = env_int("USAGE_RAW_RETENTION_DAYS", 90, minimum=2)
+USAGE_ROLLUP_INTERVAL_S = env_int("USAGE_ROLLUP_INTERVAL_S", 900, minimum=60)
+CELERY_BEAT_SCHEDULE = {
+    "tenants-usage-rollup": {"task": "tenants.tasks.usage_rollup_recent", "schedule": USAGE_ROLLUP_INTERVAL_S},
+    "tenants-usage-purge": {"task": "tenants.tasks.usage_purge", "schedule": crontab(hour=3, minute=17)},
+}
+
 REST_FRAMEWORK = {
-    "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
-    "DEFAULT_AUTHENTICATION_CLASSES": ["rest_framework.authentication.SessionAuthentication"],
+    "DEFAULT_SCHEMA_CLASS": "drf_standardized_errors.openapi.AutoSchema",
+    # `Authorization: Bearer <key>` with a manage-scoped key for scripts; the session for the web UI.
+    "DEFAULT_AUTHENTICATION_CLASSES": [
+        "tenants.api.authentication.ManageKeyAuthentication",
+        "rest_framework.authentication.SessionAuthentication",
+    ],
     "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAuthenticated"],
-    "DEFAULT_PAGINATION_CLASS": "rest_framework.pagination.LimitOffsetPagination",
+    "DEFAULT_PAGINATION_CLASS": "tenants.api.pagination.BoundedLimitOffsetPagination",
+    "DEFAULT_FILTER_BACKENDS": ["django_filters.rest_framework.DjangoFilterBackend"],
+    "EXCEPTION_HANDLER": "drf_standardized_errors.handler.exception_handler",
     "PAGE_SIZE": 50,
 }
+# Errors: {"type": ..., "errors": [{"code", "detail", "attr"}]}, documented per status in the schema.
+DRF_STANDARDIZED_ERRORS = {
+    "EXCEPTION_HANDLER_CLASS": "tenants.api.exceptions.ServiceErrorHandler",
+}
+_ERROR_ENUMS = ["ValidationErrorEnum", "ClientErrorEnum", "ServerErrorEnum", "ParseErrorCodeEnum", *(
+    f"ErrorCode{code}Enum" for code in (401, 403, 404, 405, 406, 415, 429, 500))]
 SPECTACULAR_SETTINGS = {
     "TITLE": "LoRA platform management API",
     "DESCRIPTION": "Tenants, API keys, quotas, usage and adapters. Inference is the OpenAI-compatible /v1 API.",
     "VERSION": "0.1.0",
     "SERVE_INCLUDE_SCHEMA": False,
+    "COMPONENT_SPLIT_REQUEST": True,
+    "SWAGGER_UI_DIST": "SIDECAR",
+    "SWAGGER_UI_FAVICON_HREF": "SIDECAR",
+    "REDOC_DIST": "SIDECAR",
+    "ENUM_NAME_OVERRIDES": {
+        name: f"drf_standardized_errors.openapi_serializers.{name}.choices" for name in _ERROR_ENUMS
+    },
+    "POSTPROCESSING_HOOKS": ["drf_standardized_errors.openapi_hooks.postprocess_schema_enums"],
 }
 
 LOGGING = {

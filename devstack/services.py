@@ -149,7 +149,7 @@ def _start_seaweedfs(service: S3Service) -> None:
         ]
     }
     (base / "s3.json").write_text(json.dumps(identities))
-    log = open(base / "weed.log", "ab")  # noqa: SIM115 - handed to the detached child
+    log = open(base / "weed.log", "ab")
     subprocess.Popen(
         [_bin("weed"), "mini", f"-dir={base / 'data'}", "-ip=127.0.0.1", "-ip.bind=127.0.0.1",
          f"-s3.port={S3_PORT}", f"-s3.config={base / 's3.json'}", f"-bucket={service.bucket}",
@@ -207,7 +207,8 @@ def postgres_url(db_name: str = "lora_platform") -> str | None:
 
 def test_service_urls() -> dict[str, str]:
     """Environment for the test settings: PostgreSQL when reachable (as in CI), Redis always."""
-    env = {"REDIS_URL": ensure_redis()}
+    # Tests get their own Redis database (15) unless REDIS_URL names one, so they never touch `make run`'s data.
+    env = {"REDIS_URL": os.environ.get("REDIS_URL") or ensure_redis().rsplit("/", 1)[0] + "/15"}
     pg = postgres_url(os.environ.get("PLATFORM_DB_NAME", "lora_platform"))
     env["DATABASE_URL"] = pg or f"sqlite:///{state_dir() / 'test.sqlite3'}"
     env.update(default_s3().env())

@@ -15,7 +15,7 @@ _LAZY = {
     "CompletionOutput": "engine.outputs",
 }
 
-__all__ = ["CompletionOutput", "LLM", "LoRARequest", "RequestOutput", "SamplingParams"]  # = sorted(_LAZY)
+__all__ = ["LLM", "CompletionOutput", "LoRARequest", "RequestOutput", "SamplingParams"]
 
 if TYPE_CHECKING:  # pragma: no cover
     from engine.llm import LLM

@@ -1,0 +1,46 @@
+# Two commands on a fresh machine (Python 3.11 and gcc): `make run` and `make test`.
+PYTHON ?= python3.11
+VENV := .venv
+PY := $(VENV)/bin/python
+MODEL := smollm2-135m-instruct
+
+.PHONY: run test install model static services lint bench clean-state
+
+$(VENV)/.installed: requirements.lock pyproject.toml
+	@command -v $(PYTHON) >/dev/null || { echo "need $(PYTHON) on PATH"; exit 1; }
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet -r requirements.lock
+	touch $@
+
+install: $(VENV)/.installed
+
+# Front-end libraries come from npm (package-lock.json pins them) and are copied into static/vendor/.
+static/vendor/.built: package.json package-lock.json
+	npm ci --ignore-scripts --no-audit --no-fund --loglevel=error
+	mkdir -p static/vendor
+	cp node_modules/htmx.org/dist/htmx.min.js node_modules/chart.js/dist/chart.umd.min.js static/vendor/
+	touch $@
+
+static: static/vendor/.built
+
+model: install
+	$(PY) -m engine.models.prepare $(MODEL)
+
+services: install
+	$(PY) -m devstack services
+
+run: model static
+	$(PY) -m devstack run
+
+test: model static
+	$(PY) -m pytest
+
+lint: install
+	$(VENV)/bin/ruff check .
+
+bench: model
+	$(PY) -m bench.throughput --quick
+
+clean-state:
+	rm -rf .state

@@ -1,0 +1,113 @@
+"""Run the whole platform locally: services, migrations, a demo operator, web, Celery, an engine."""
+
+import os
+import secrets
+import signal
+import subprocess
+import time
+
+from devstack.processes import ProcessGroup, python
+from devstack.services import ROOT, ensure_redis, ensure_s3, state_dir
+
+DEMO_OPERATOR = ("operator", "operator@example.com")
+
+
+def platform_env(engine_port: int) -> dict[str, str]:
+    """The embedded defaults every process of `make run` shares."""
+    state = state_dir()
+    secret_file = state / "dev-secrets"
+    if not secret_file.exists():
+        secret_file.write_text(f"{secrets.token_urlsafe(48)}\n{secrets.token_urlsafe(24)}\n")
+        secret_file.chmod(0o600)
+    secret_key, engine_key = secret_file.read_text().split()
+    env = {
+        "DEBUG": os.environ.get("DEBUG", "true"),
+        "SECRET_KEY": os.environ.get("SECRET_KEY", secret_key),
+        "REDIS_URL": ensure_redis(),
+        "ENGINE_URLS": os.environ.get("ENGINE_URLS", f"http://127.0.0.1:{engine_port}"),
+        "ENGINE_API_KEY": os.environ.get("ENGINE_API_KEY", engine_key),
+        "DJANGO_SETTINGS_MODULE": "config.settings",
+        "PYTHONUNBUFFERED": "1",
+    }
+    env.update({k: os.environ.get(k, v) for k, v in ensure_s3().env().items()})
+    return env
+
+
+def manage(env: dict[str, str], *args: str) -> None:
+    subprocess.run(python("manage.py", *args), cwd=ROOT, env={**os.environ, **env}, check=True)
+
+
+def seed_operator(env: dict[str, str]) -> str:
+    """The demo operator (a staff superuser); its password is kept in the state dir so it stays the same."""
+    password_file = state_dir() / "operator-password"
+    if not password_file.exists():
+        password_file.write_text(secrets.token_urlsafe(12))
+        password_file.chmod(0o600)
+    password = password_file.read_text().strip()
+    username, email = DEMO_OPERATOR
+    code = (
+        "from django.contrib.auth import get_user_model\n"
+        "User = get_user_model()\n"
+        f"user, _ = User.objects.get_or_create(username={username!r}, defaults={{'email': {email!r}}})\n"
+        "user.is_staff = user.is_superuser = True\n"
+        f"user.set_password({password!r}); user.save()\n"
+    )
+    manage(env, "shell", "-v", "0", "-c", code)
+    return password
+
+
+def run(*, host: str, port: int, engine_port: int, with_engine: bool) -> int:
+    env = platform_env(engine_port)
+    print("[run] migrating the database", flush=True)
+    manage(env, "migrate", "--noinput", "-v", "0")
+    password = seed_operator(env)
+    group = ProcessGroup(log_dir=state_dir() / "logs", env=env)
+    stopping = False
+
+    def on_signal(signum, frame):
+        nonlocal stopping
+        stopping = True
+
+    signal.signal(signal.SIGINT, on_signal)
+    signal.signal(signal.SIGTERM, on_signal)
+    try:
+        start_processes(group, host=host, port=port, engine_port=engine_port, with_engine=with_engine)
+        print_banner(host, port, engine_port if with_engine else None, password, group)
+        while not stopping:
+            dead = group.check_alive()
+            if dead:
+                names = ", ".join(f"{c.name} (exit {c.proc.returncode}, log {c.log_path})" for c in dead)
+                print(f"[run] stopped because a process ended: {names}", flush=True)
+                return 1
+            time.sleep(0.5)
+        return 0
+    finally:
+        print("[run] stopping every process", flush=True)
+        group.stop()
+
+
+def start_processes(group: ProcessGroup, *, host: str, port: int, engine_port: int, with_engine: bool) -> None:
+    if with_engine:
+        from devstack.engine import engine_argv
+
+        group.start("engine", engine_argv(engine_port), port=engine_port, wait_s=600)
+    group.start("web", python("-m", "uvicorn", "config.asgi:application", "--host", host, "--port", str(port),
+                              "--lifespan", "off", "--no-access-log"), port=port)
+    group.start("worker", python("-m", "celery", "-A", "config", "worker", "--loglevel", "INFO",
+                                 "--concurrency", "2", "--pool", "threads", "--without-gossip", "--without-mingle"))
+    group.start("beat", python("-m", "celery", "-A", "config", "beat", "--loglevel", "INFO",
+                               "--schedule", str(state_dir() / "celerybeat-schedule")))
+
+
+def print_banner(host: str, port: int, engine_port: int | None, password: str, group: ProcessGroup) -> None:
+    lines = [
+        "",
+        "The platform is running. Ctrl-C stops everything it started.",
+        f"  web UI and API   http://{host}:{port}/   (health: http://{host}:{port}/health)",
+        f"  admin            http://{host}:{port}/admin/",
+        f"  operator login   {DEMO_OPERATOR[0]} / {password}",
+    ]
+    if engine_port is not None:
+        lines.append(f"  engine (internal) http://127.0.0.1:{engine_port}/  (bearer key in .state/dev-secrets)")
+    lines.append(f"  logs             {group.log_dir}")
+    print("\n".join(lines), flush=True)

@@ -1,0 +1,240 @@
+"""Shapes of the management API: outputs from models, inputs validated here and handed to services."""
+
+from django.contrib.auth import get_user_model
+from drf_spectacular.utils import extend_schema_field
+from rest_framework import serializers
+
+from tenants.models import (
+    NUM_LATENCY_BUCKETS,
+    Invitation,
+    Membership,
+    QuotaChange,
+    Role,
+    Scope,
+    Tenant,
+    TenantAPIKey,
+    UsageDaily,
+    UsageRecord,
+)
+from tenants.selectors import latency_percentile
+
+MAX_INT = 2**31 - 1
+MAX_BIGINT = 2**63 - 1
+
+
+class TenantSerializer(serializers.ModelSerializer):
+    class Meta:
+        model = Tenant
+        fields = ["id", "name", "slug", "status", "created_at", "updated_at"]
+        read_only_fields = fields
+
+
+class TenantCreateSerializer(serializers.Serializer):
+    name = serializers.CharField(max_length=100)
+    slug = serializers.SlugField(max_length=50, required=False)
+
+
+class TenantUpdateSerializer(serializers.Serializer):
+    name = serializers.CharField(max_length=100)
+
+
+class UserSerializer(serializers.ModelSerializer):
+    class Meta:
+        model = get_user_model()
+        fields = ["id", "email", "is_staff", "date_joined"]
+        read_only_fields = fields
+
+
+class UserCreateSerializer(serializers.Serializer):
+    email = serializers.EmailField()
+    password = serializers.CharField(write_only=True, required=False, max_length=128,
+                                     style={"input_type": "password"})
+    is_staff = serializers.BooleanField(default=False)
+
+
+class MembershipSerializer(serializers.ModelSerializer):
+    email = serializers.EmailField(source="user.email", read_only=True)
+
+    class Meta:
+        model = Membership
+        fields = ["id", "user", "email", "role", "created_at"]
+        read_only_fields = fields
+
+
+class MembershipCreateSerializer(serializers.Serializer):
+    email = serializers.EmailField()
+    role = serializers.ChoiceField(choices=Role.choices, default=Role.MEMBER)
+
+
+class MembershipUpdateSerializer(serializers.Serializer):
+    role = serializers.ChoiceField(choices=Role.choices)
+
+
+class InvitationSerializer(serializers.ModelSerializer):
+    invited_by = serializers.EmailField(source="invited_by.email", read_only=True, allow_null=True)
+
+    class Meta:
+        model = Invitation
+        fields = ["id", "email", "role", "invited_by", "created_at", "expires_at", "accepted_at"]
+        read_only_fields = fields
+
+
+class InvitationCreateSerializer(serializers.Serializer):
+    email = serializers.EmailField()
+    role = serializers.ChoiceField(choices=Role.choices, default=Role.MEMBER)
+
+
+class InvitationCreatedSerializer(InvitationSerializer):
+    token = serializers.CharField(read_only=True, help_text="Shown once: send it to the invited person.")
+
+    class Meta(InvitationSerializer.Meta):
+        fields = [*InvitationSerializer.Meta.fields, "token"]
+        read_only_fields = fields
+
+
+class InvitationAcceptSerializer(serializers.Serializer):
+    token = serializers.CharField(max_length=100)
+    password = serializers.CharField(write_only=True, required=False, max_length=128,
+                                     help_text="For a new account; omit when signed in.")
+
+
+class APIKeySerializer(serializers.ModelSerializer):
+    created_by = serializers.EmailField(source="created_by.email", read_only=True, allow_null=True)
+    expires_at = serializers.DateTimeField(source="expiry_date", read_only=True, allow_null=True)
+    scopes = serializers.ListField(child=serializers.ChoiceField(choices=Scope.choices), read_only=True)
+    adapter_names = serializers.ListField(child=serializers.CharField(), read_only=True)
+
+    class Meta:
+        model = TenantAPIKey
+        fields = ["prefix", "name", "scopes", "adapter_names", "created", "created_by", "expires_at",
+                  "last_used_at", "revoked", "revoked_at"]
+        read_only_fields = fields
+
+
+class APIKeyCreateSerializer(serializers.Serializer):
+    name = serializers.CharField(max_length=50)
+    scopes = serializers.ListField(child=serializers.ChoiceField(choices=Scope.choices), min_length=1,
+                                   max_length=len(Scope.choices))
+    adapter_names = serializers.ListField(child=serializers.CharField(max_length=200), required=False,
+                                          max_length=100, help_text="Restrict the key to these adapters.")
+    expires_at = serializers.DateTimeField(required=False, allow_null=True)
+
+
+class APIKeyCreatedSerializer(APIKeySerializer):
+    key = serializers.CharField(read_only=True, help_text="The secret key, shown only in this response.")
+
+    class Meta(APIKeySerializer.Meta):
+        fields = [*APIKeySerializer.Meta.fields, "key"]
+        read_only_fields = fields
+
+
+def _quota_field(big: bool, **kwargs):
+    return serializers.IntegerField(min_value=1, max_value=MAX_BIGINT if big else MAX_INT, **kwargs)
+
+
+class QuotaValuesSerializer(serializers.Serializer):
+    requests_per_minute = _quota_field(False)
+    tokens_per_minute = _quota_field(True)
+    monthly_tokens = _quota_field(True)
+    max_concurrent_requests = _quota_field(False)
+    default_max_tokens = _quota_field(False)
+    max_tokens_limit = _quota_field(False)
+    max_adapters = _quota_field(False)
+    max_adapter_storage_bytes = _quota_field(True)
+
+
+class QuotaUpdateSerializer(serializers.Serializer):
+    """Give a field to change it; null puts it back to the platform default."""
+
+    requests_per_minute = _quota_field(False, required=False, allow_null=True)
+    tokens_per_minute = _quota_field(True, required=False, allow_null=True)
+    monthly_tokens = _quota_field(True, required=False, allow_null=True)
+    max_concurrent_requests = _quota_field(False, required=False, allow_null=True)
+    default_max_tokens = _quota_field(False, required=False, allow_null=True)
+    max_tokens_limit = _quota_field(False, required=False, allow_null=True)
+    max_adapters = _quota_field(False, required=False, allow_null=True)
+    max_adapter_storage_bytes = _quota_field(True, required=False, allow_null=True)
+
+
+class QuotaSerializer(serializers.Serializer):
+    effective = QuotaValuesSerializer(help_text="What the tenant is held to.")
+    overrides = QuotaUpdateSerializer(help_text="The tenant's own values; null means the platform default.")
+
+
+class QuotaChangeSerializer(serializers.ModelSerializer):
+    changed_by = serializers.EmailField(source="changed_by.email", read_only=True, allow_null=True)
+
+    class Meta:
+        model = QuotaChange
+        fields = ["id", "field", "old_value", "new_value", "changed_by", "changed_at", "source"]
+        read_only_fields = fields
+
+
+class UsageRecordSerializer(serializers.ModelSerializer):
+    api_key = serializers.CharField(source="api_key_id", read_only=True, allow_null=True)
+
+    class Meta:
+        model = UsageRecord
+        fields = ["request_id", "api_key", "adapter", "prompt_tokens", "completion_tokens", "status", "latency_ms",
+                  "created_at"]
+        read_only_fields = fields
+
+
+class UsageDailySerializer(serializers.ModelSerializer):
+    tenant = serializers.SlugRelatedField(slug_field="slug", read_only=True)
+    latency_buckets = serializers.ListField(child=serializers.IntegerField(), read_only=True,
+                                            min_length=NUM_LATENCY_BUCKETS, max_length=NUM_LATENCY_BUCKETS)
+    latency_ms_p50 = serializers.SerializerMethodField()
+    latency_ms_p95 = serializers.SerializerMethodField()
+
+    class Meta:
+        model = UsageDaily
+        fields = ["tenant", "day", "adapter", "num_requests", "num_errors", "num_cancelled", "prompt_tokens",
+                  "completion_tokens", "latency_ms_sum", "latency_buckets", "latency_ms_p50", "latency_ms_p95"]
+        read_only_fields = fields
+
+    @extend_schema_field(serializers.FloatField(allow_null=True))
+    def get_latency_ms_p50(self, row: UsageDaily) -> float | None:
+        return latency_percentile(row.latency_buckets, 0.50)
+
+    @extend_schema_field(serializers.FloatField(allow_null=True))
+    def get_latency_ms_p95(self, row: UsageDaily) -> float | None:
+        return latency_percentile(row.latency_buckets, 0.95)
+
+
+class UsageSummarySerializer(serializers.Serializer):
+    num_requests = serializers.IntegerField()
+    num_errors = serializers.IntegerField()
+    num_cancelled = serializers.IntegerField()
+    prompt_tokens = serializers.IntegerField()
+    completion_tokens = serializers.IntegerField()
+    latency_ms_p50 = serializers.FloatField(allow_null=True)
+    latency_ms_p95 = serializers.FloatField(allow_null=True)
+
+
+class LoginSerializer(serializers.Serializer):
+    email = serializers.CharField(max_length=254)
+    password = serializers.CharField(max_length=128, style={"input_type": "password"})
+
+
+class PasswordChangeSerializer(serializers.Serializer):
+    old_password = serializers.CharField(max_length=128)
+    new_password = serializers.CharField(max_length=128)
+
+
+class MyMembershipSerializer(serializers.Serializer):
+    tenant = serializers.SlugField()
+    name = serializers.CharField()
+    role = serializers.CharField()
+
+
+class MeSerializer(serializers.Serializer):
+    user = UserSerializer(allow_null=True, help_text="null when calling with an API key")
+    memberships = MyMembershipSerializer(many=True)
+
+
+def validated(serializer_class: type[serializers.Serializer], data) -> dict:
+    """The input checked by `serializer_class` (400 with every field's error otherwise)."""
+    serializer = serializer_class(data=data)
+    serializer.is_valid(raise_exception=True)
+    return serializer.validated_data

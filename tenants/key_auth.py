@@ -1,0 +1,145 @@
+"""API key authentication for the gateway: async, cached per process, revoked everywhere at once.
+
+Every change that can invalidate a cached key (revocation, suspension, reactivation, a quota change) writes a new
+random value to the Redis key AUTH_GENERATION_KEY after its transaction commits (`auth_generation_bump`). Each
+lookup reads that value first (one GET) and drops the whole local cache when it changed, so the next request in
+any process after the commit sees the change. A random value, not a counter: a Redis that lost its data and
+counts again from 1 cannot look unchanged to a process holding an old "1".
+
+    result = await authenticate_api_key(raw_key)            # scope "inference" by default
+    if isinstance(result, AuthFailure):                      # result.status is 401 or 403, result.message says why
+        ...
+    key_info.tenant.quota, key_info.allows_adapter(name)     # see tenants.identity.KeyInfo
+"""
+
+import asyncio
+import hashlib
+import time
+import uuid
+import weakref
+from collections import OrderedDict
+from dataclasses import dataclass
+
+from django.utils import timezone
+
+from tenants.identity import AuthFailure, KeyInfo
+from tenants.redis_client import loop_redis
+
+AUTH_GENERATION_KEY = "tenants:auth:generation"
+LAST_USED_EVERY_S = 60.0  # write last_used_at at most this often per key and process
+MAX_RAW_KEY_LENGTH = 200
+
+
+@dataclass(slots=True)
+class _Entry:
+    result: KeyInfo | AuthFailure
+    loaded_at: float
+
+
+class KeyAuthenticator:
+    """A per-process cache of key lookups in front of the database, over one `redis.asyncio.Redis` client."""
+
+    def __init__(self, redis, *, ttl_s: float = 60.0, max_entries: int = 10_000, clock=time.monotonic):
+        self.redis = redis
+        self.ttl_s = ttl_s
+        self.max_entries = max_entries
+        self.clock = clock
+        self._entries: OrderedDict[str, _Entry] = OrderedDict()  # sha256 of the raw key -> result, LRU order
+        self._generation: bytes | None = None
+        self._last_used_written: dict[str, float] = {}
+        self.num_db_lookups = 0
+
+    async def authenticate(self, raw_key: str | None, *, scope: str | None = "inference") -> KeyInfo | AuthFailure:
+        failure = _shape_failure(raw_key)
+        if failure is not None:
+            return failure
+        await self._follow_generation()
+        digest = hashlib.sha256(raw_key.encode()).hexdigest()
+        entry = self._entries.get(digest)
+        now = self.clock()
+        if entry is None or now - entry.loaded_at > self.ttl_s:
+            entry = _Entry(await self._load(raw_key), now)
+            self._remember(digest, entry)
+        else:
+            self._entries.move_to_end(digest)
+        result = entry.result
+        if isinstance(result, AuthFailure):
+            return result
+        if result.expires_at is not None and result.expires_at <= timezone.now():
+            return AuthFailure.of("expired")
+        if scope is not None and not result.has_scope(scope):
+            return AuthFailure.of("scope", scope)
+        await self._touch(result.key_id, now)
+        return result
+
+    async def _follow_generation(self) -> None:
+        generation = await self.redis.get(AUTH_GENERATION_KEY)
+        if generation is None:  # never set, or Redis lost it: start one (all processes converge on the first)
+            await self.redis.set(AUTH_GENERATION_KEY, uuid.uuid4().hex, nx=True)
+            generation = await self.redis.get(AUTH_GENERATION_KEY)
+        if generation != self._generation:
+            self._entries.clear()
+            self._generation = generation
+
+    async def _load(self, raw_key: str) -> KeyInfo | AuthFailure:
+        from tenants.selectors import api_key_lookup_async
+
+        self.num_db_lookups += 1
+        return await api_key_lookup_async(raw_key)
+
+    def _remember(self, digest: str, entry: _Entry) -> None:
+        self._entries[digest] = entry
+        self._entries.move_to_end(digest)
+        while len(self._entries) > self.max_entries:
+            self._entries.popitem(last=False)
+
+    async def _touch(self, key_id: str, now: float) -> None:
+        if now - self._last_used_written.get(key_id, -LAST_USED_EVERY_S) < LAST_USED_EVERY_S:
+            return
+        self._last_used_written[key_id] = now
+        from tenants.services import api_key_mark_used_async
+
+        await api_key_mark_used_async(prefix=key_id)
+
+
+def _shape_failure(raw_key: str | None) -> AuthFailure | None:
+    if not raw_key:
+        return AuthFailure.of("missing")
+    prefix, dot, secret = raw_key.partition(".")
+    if not dot or not prefix or not secret or len(raw_key) > MAX_RAW_KEY_LENGTH or not raw_key.isascii():
+        return AuthFailure.of("malformed")
+    return None
+
+
+def auth_generation_bump() -> None:
+    """Invalidate every process's cached key lookups (call after the commit that changed a key or tenant)."""
+    import redis
+    from django.conf import settings
+
+    client = redis.Redis.from_url(settings.REDIS_URL)
+    try:
+        client.set(AUTH_GENERATION_KEY, uuid.uuid4().hex)
+    finally:
+        client.close()
+
+
+# ---------------------------------------------------------------- one authenticator per event loop of a process
+
+_authenticators: "weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, KeyAuthenticator]" = weakref.WeakKeyDictionary()
+
+
+def default_authenticator() -> KeyAuthenticator:
+    loop = asyncio.get_running_loop()
+    authenticator = _authenticators.get(loop)
+    if authenticator is None:
+        from django.conf import settings
+
+        authenticator = KeyAuthenticator(loop_redis(), ttl_s=settings.API_KEY_CACHE_TTL_S)
+        _authenticators[loop] = authenticator
+    return authenticator
+
+
+async def authenticate_api_key(raw_key: str | None, *, scope: str | None = "inference") -> KeyInfo | AuthFailure:
+    """The key's KeyInfo, or an AuthFailure saying why not (missing, malformed, unknown, revoked, expired,
+    suspended tenant, lacking `scope`). Cached per process; changes reach every process on its next call."""
+    return await default_authenticator().authenticate(raw_key, scope=scope)

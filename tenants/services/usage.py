@@ -1,0 +1,109 @@
+"""Writes about usage: one row per inference request, daily rollups, retention of raw rows."""
+
+from datetime import UTC, date, datetime, time, timedelta
+
+from django.conf import settings
+from django.core.exceptions import ValidationError
+from django.db import transaction
+from django.db.models import Count, Q, Sum
+from django.utils import timezone
+
+from tenants.models import LATENCY_BUCKET_BOUNDS_MS, UsageDaily, UsageRecord, UsageStatus
+from tenants.selectors import usage_days_with_raw_rows
+
+_ROLLUP_FIELDS = ["num_requests", "num_errors", "num_cancelled", "prompt_tokens", "completion_tokens",
+                  "latency_ms_sum", "latency_buckets"]
+
+
+def _usage_row(*, request_id: str, tenant_id: int, api_key_id: str | None, adapter: str, prompt_tokens: int,
+               completion_tokens: int, status: str, latency_ms: int, created_at: datetime | None) -> UsageRecord:
+    if not request_id or len(request_id) > 100:
+        raise ValueError(f"request_id must be 1 to 100 characters, got {request_id!r}")
+    if status not in UsageStatus.values:
+        raise ValueError(f"status must be one of {UsageStatus.values}, got {status!r}")
+    for name, value in (("prompt_tokens", prompt_tokens), ("completion_tokens", completion_tokens),
+                        ("latency_ms", latency_ms)):
+        if not isinstance(value, int) or value < 0:
+            raise ValueError(f"{name} must be a non-negative integer, got {value!r}")
+    return UsageRecord(request_id=request_id, tenant_id=tenant_id, api_key_id=api_key_id, adapter=adapter,
+                       prompt_tokens=prompt_tokens, completion_tokens=completion_tokens, status=status,
+                       latency_ms=latency_ms, created_at=created_at or timezone.now())
+
+
+def usage_record_create(**fields) -> None:
+    """Write one request's row (the fields of `usage_record_create_async`), once per request_id."""
+    fields.setdefault("created_at", None)
+    UsageRecord.objects.bulk_create([_usage_row(**fields)], ignore_conflicts=True)
+
+
+async def usage_record_create_async(*, request_id: str, tenant_id: int, api_key_id: str | None, adapter: str,
+                                    prompt_tokens: int, completion_tokens: int, status: str, latency_ms: int,
+                                    created_at: datetime | None = None) -> None:
+    """The gateway's write of one request's row, once per request_id (a repeat is ignored)."""
+    row = _usage_row(request_id=request_id, tenant_id=tenant_id, api_key_id=api_key_id, adapter=adapter,
+                     prompt_tokens=prompt_tokens, completion_tokens=completion_tokens, status=status,
+                     latency_ms=latency_ms, created_at=created_at)
+    await UsageRecord.objects.abulk_create([row], ignore_conflicts=True)
+
+
+def retention_cutoff(today: date | None = None) -> date:
+    """Raw rows of days before this one are rolled up and deleted."""
+    today = today or timezone.now().astimezone(UTC).date()
+    return today - timedelta(days=settings.USAGE_RAW_RETENTION_DAYS)
+
+
+def usage_rollup_day(*, day: date) -> int:
+    """Rebuild the rollup rows of one UTC day from the raw rows; idempotent. Refused for days whose raw rows
+    the retention has already deleted, since their rollups are all that is left."""
+    if day < retention_cutoff():
+        raise ValidationError({"day": f"Raw usage of {day} is past retention; its rollup is final."})
+    return _rollup_day(day)
+
+
+def _bucket_counts() -> dict:
+    bounds = (0, *LATENCY_BUCKET_BOUNDS_MS)
+    counts = {f"b{i}": Count("id", filter=Q(latency_ms__gte=lo, latency_ms__lt=hi))
+              for i, (lo, hi) in enumerate(zip(bounds, bounds[1:], strict=False))}
+    counts[f"b{len(LATENCY_BUCKET_BOUNDS_MS)}"] = Count("id", filter=Q(latency_ms__gte=LATENCY_BUCKET_BOUNDS_MS[-1]))
+    return counts
+
+
+@transaction.atomic
+def _rollup_day(day: date) -> int:
+    start = datetime.combine(day, time.min, tzinfo=UTC)
+    groups = (
+        UsageRecord.objects.filter(created_at__gte=start, created_at__lt=start + timedelta(days=1))
+        .order_by().values("tenant_id", "adapter")
+        .annotate(num_requests=Count("id"), num_errors=Count("id", filter=Q(status=UsageStatus.ERROR)),
+                  num_cancelled=Count("id", filter=Q(status=UsageStatus.CANCELLED)),
+                  prompt_tokens=Sum("prompt_tokens"), completion_tokens=Sum("completion_tokens"),
+                  latency_ms_sum=Sum("latency_ms"), **_bucket_counts())
+    )
+    num_buckets = len(LATENCY_BUCKET_BOUNDS_MS) + 1
+    rows = [
+        UsageDaily(tenant_id=g["tenant_id"], day=day, adapter=g["adapter"],
+                   latency_buckets=[g[f"b{i}"] for i in range(num_buckets)],
+                   **{name: g[name] for name in _ROLLUP_FIELDS if name != "latency_buckets"})
+        for g in groups
+    ]
+    # An upsert, so two rollups of the same day running at once both succeed with the same result.
+    UsageDaily.objects.bulk_create(rows, update_conflicts=True, unique_fields=["tenant", "day", "adapter"],
+                                   update_fields=_ROLLUP_FIELDS)
+    kept = Q()
+    for row in rows:
+        kept |= Q(tenant_id=row.tenant_id, adapter=row.adapter)
+    stale = UsageDaily.objects.filter(day=day)
+    (stale.exclude(kept) if rows else stale).delete()
+    return len(rows)
+
+
+def usage_purge_raw(*, today: date | None = None) -> int:
+    """Delete raw rows older than the retention, each day rolled up just before its rows go."""
+    deleted = 0
+    for day in usage_days_with_raw_rows(before=retention_cutoff(today)):
+        with transaction.atomic():
+            _rollup_day(day)
+            start = datetime.combine(day, time.min, tzinfo=UTC)
+            rows = UsageRecord.objects.filter(created_at__gte=start, created_at__lt=start + timedelta(days=1))
+            deleted += rows.delete()[0]
+    return deleted

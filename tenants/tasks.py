@@ -1,0 +1,27 @@
+"""Celery tasks (thin: the work is in tenants.services.usage). Scheduled by CELERY_BEAT_SCHEDULE in settings."""
+
+from datetime import date, timedelta
+
+from celery import shared_task
+from django.utils import timezone
+
+from tenants import services
+
+
+@shared_task
+def usage_rollup_day(day_iso: str) -> int:
+    """Rebuild one UTC day's rollups (idempotent; re-run it for a day after late rows)."""
+    return services.usage_rollup_day(day=date.fromisoformat(day_iso))
+
+
+@shared_task
+def usage_rollup_recent() -> int:
+    """Yesterday (late rows) and today so far: the beat entry, every USAGE_ROLLUP_INTERVAL_S."""
+    today = timezone.now().date()
+    return sum(services.usage_rollup_day(day=day) for day in (today - timedelta(days=1), today))
+
+
+@shared_task
+def usage_purge() -> int:
+    """Delete raw rows past USAGE_RAW_RETENTION_DAYS, each day rolled up first."""
+    return services.usage_purge_raw()

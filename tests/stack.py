@@ -1,0 +1,74 @@
+"""The whole-stack fixture's machinery: real SeaweedFS, Redis, a Celery worker, the ASGI app and engines,
+all pointed at the test database, started once per test session and stopped cleanly at its end."""
+
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from django.conf import settings
+
+from devstack.processes import ProcessGroup, python
+from devstack.services import S3Service, ensure_redis, ensure_s3, free_port, state_dir
+
+
+@dataclass(slots=True)
+class Stack:
+    web_url: str
+    redis_url: str
+    s3: S3Service
+    engine_urls: list[str]
+    engine_api_key: str
+    env: dict[str, str]
+    group: ProcessGroup = field(repr=False)
+
+
+def database_url() -> str:
+    """The URL of the test database pytest-django created, for the child processes."""
+    db = settings.DATABASES["default"]
+    if db["ENGINE"].endswith("sqlite3"):
+        return f"sqlite:///{db['NAME']}"
+    host, port, user = db.get("HOST") or "127.0.0.1", db.get("PORT") or 5432, db.get("USER") or "postgres"
+    return f"postgres://{user}@{host}:{port}/{db['NAME']}"
+
+
+def start_stack(log_dir: Path, *, engine_argvs: list[list[str]] = ()) -> Stack:
+    s3 = ensure_s3()
+    redis_url = os.environ.get("REDIS_URL") or ensure_redis()
+    engine_ports = [free_port() for _ in engine_argvs]
+    engine_urls = [f"http://127.0.0.1:{port}" for port in engine_ports]
+    env = {
+        "DEBUG": "true",
+        "DJANGO_SETTINGS_MODULE": "config.settings_test",
+        "DATABASE_URL": database_url(),
+        "REDIS_URL": redis_url,
+        "ENGINE_URLS": ",".join(engine_urls),
+        "ENGINE_API_KEY": "stack-engine-key",
+        "PYTHONUNBUFFERED": "1",
+        **s3.env(),
+    }
+    group = ProcessGroup(log_dir=log_dir, env=env)
+    try:
+        for argv, port in zip(engine_argvs, engine_ports, strict=True):
+            group.start(f"engine-{port}", [*argv, "--port", str(port)], port=port, wait_s=180)
+        web_port = free_port()
+        group.start("web", python("-m", "uvicorn", "config.asgi:application", "--host", "127.0.0.1",
+                                  "--port", str(web_port), "--lifespan", "off", "--no-access-log"), port=web_port)
+        worker_name = f"stack-{web_port}@localhost"
+        group.start("worker", python("-m", "celery", "-A", "config", "worker", "--loglevel", "INFO",
+                                     "--pool", "threads", "--concurrency", "2", "--without-gossip",
+                                     "--without-mingle", "--without-heartbeat", "--hostname", worker_name),
+                    ready=lambda: worker_answers(worker_name), wait_s=60)
+    except Exception:
+        group.stop()
+        raise
+    return Stack(f"http://127.0.0.1:{web_port}", redis_url, s3, engine_urls, env["ENGINE_API_KEY"], env, group)
+
+
+def worker_answers(name: str) -> bool:
+    from config.celery import app
+
+    return bool(app.control.ping(destination=[name], timeout=0.5))
+
+
+def default_log_dir() -> Path:
+    return state_dir() / "test-logs"
