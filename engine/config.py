@@ -13,21 +13,21 @@ _UNITS = {"b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
 _DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 
 
-def parse_memory(value: str | int) -> int:
-    """Bytes from ``"2GiB"``, ``"512MB"``, ``"1.5GiB"`` or a plain int."""
+def parse_memory(value: str | int, name: str = "memory size") -> int:
+    """Bytes from ``"2GiB"``, ``"512MB"``, ``"1.5GiB"`` or a plain int; errors name the setting."""
     if isinstance(value, bool):
-        raise ValueError(f"memory size must be bytes or a string like '2GiB', got {value!r}")
+        raise ValueError(f"{name} must be bytes or a string like '2GiB', got {value!r}")
     if isinstance(value, int):
         if value <= 0:
-            raise ValueError(f"memory size must be positive, got {value}")
+            raise ValueError(f"{name} must be positive, got {value}")
         return value
     match = _MEMORY.match(str(value))
     if match is None:
-        raise ValueError(f"memory size must look like '2GiB', '512MB' or bytes, got {value!r}")
+        raise ValueError(f"{name} must look like '2GiB', '512MB' or bytes, got {value!r}")
     number, unit = float(match.group(1)), (match.group(2) or "B").lower()
     size = int(number * _UNITS[unit])
     if size <= 0:
-        raise ValueError(f"memory size must be positive, got {value!r}")
+        raise ValueError(f"{name} must be positive, got {value!r}")
     return size
 
 
@@ -65,7 +65,7 @@ class EngineConfig:
         if self.num_kv_blocks is not None and (type(self.num_kv_blocks) is not int or self.num_kv_blocks < 1):
             raise ValueError(f"num_kv_blocks must be a positive int, got {self.num_kv_blocks!r}")
         if self.kv_cache_memory is not None:
-            parse_memory(self.kv_cache_memory)
+            parse_memory(self.kv_cache_memory, "kv_cache_memory")
         if not 0.0 < self.gpu_memory_utilization <= 1.0:
             raise ValueError(f"gpu_memory_utilization must be in (0, 1], got {self.gpu_memory_utilization}")
         if self.dtype != "auto" and self.dtype not in _DTYPES:

@@ -52,7 +52,7 @@ class ModelRunner:
         if self.config.num_kv_blocks is not None:
             return self.config.num_kv_blocks
         if self.config.kv_cache_memory is not None:
-            budget = parse_memory(self.config.kv_cache_memory)
+            budget = parse_memory(self.config.kv_cache_memory, "kv_cache_memory")
         elif self.device.type == "cuda":
             free, total = torch.cuda.mem_get_info(self.device)
             reserve = total * (1.0 - self.config.gpu_memory_utilization)
