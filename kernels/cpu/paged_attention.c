@@ -28,6 +28,24 @@ static inline vf load(const float *p) { vf v; memcpy(&v, p, sizeof v); return v;
 static inline void store(float *p, vf v) { memcpy(p, &v, sizeof v); }
 static inline vf splat(float x) { return (vf){x, x, x, x, x, x, x, x}; }
 static inline float hsum(vf v) { return ((v[0] + v[4]) + (v[1] + v[5])) + ((v[2] + v[6]) + (v[3] + v[7])); }
+
+#if defined(__clang__)
+#define SHUFFLE(a, b, ...) __builtin_shufflevector(a, b, __VA_ARGS__)
+#else
+#define SHUFFLE(a, b, ...) __builtin_shuffle(a, b, (vi){__VA_ARGS__})
+#endif
+
+/* {hsum(a[0]), ..., hsum(a[7])} in 12 shuffles and 7 adds (a transpose folded into the sums). */
+static inline vf hsum8(const vf a[8]) {
+    vf b[4], c[2];
+    for (int i = 0; i < 4; ++i)
+        b[i] = SHUFFLE(a[2 * i], a[2 * i + 1], 0, 8, 2, 10, 4, 12, 6, 14) +
+               SHUFFLE(a[2 * i], a[2 * i + 1], 1, 9, 3, 11, 5, 13, 7, 15);
+    for (int i = 0; i < 2; ++i)
+        c[i] = SHUFFLE(b[2 * i], b[2 * i + 1], 0, 1, 8, 9, 4, 5, 12, 13) +
+               SHUFFLE(b[2 * i], b[2 * i + 1], 2, 3, 10, 11, 6, 7, 14, 15);
+    return SHUFFLE(c[0], c[1], 0, 1, 2, 3, 8, 9, 10, 11) + SHUFFLE(c[0], c[1], 4, 5, 6, 7, 12, 13, 14, 15);
+}
 static inline vf vmax(vf a, vf b) { vi m = a > b; return (vf)(((vi)a & m) | ((vi)b & ~m)); }
 
 /* exp(x) for x <= 0 (softmax arguments), Cephes' expf polynomial: relative error ~2e-7. */
@@ -60,7 +78,8 @@ typedef struct {
     float scale;
 } Args;
 
-/* s[t] = scale * q . k_t for t < n; four keys at a time so their dot products pipeline. */
+/* s[t] = scale * q . k_t for t < n; eight keys at a time, so eight independent FMA chains hide the FMA
+ * latency and one transposed reduction replaces eight horizontal sums. */
 #define DOTS(NV)                                                                                         \
     static inline void dots_##NV(const float *q, const float *k, int64_t stride, int64_t n, float scale, \
                                  int64_t nv_rt, float *s) {                                             \
@@ -68,6 +87,14 @@ typedef struct {
         vf qv[NV > 0 ? NV : MAX_VECS];                                                                   \
         for (int64_t i = 0; i < nv; ++i) qv[i] = load(q + i * LANES);                                    \
         int64_t t = 0;                                                                                   \
+        for (; t + 8 <= n; t += 8) {                                                                    \
+            const float *kt = k + t * stride;                                                           \
+            vf a[8];                                                                                    \
+            for (int j = 0; j < 8; ++j) a[j] = qv[0] * load(kt + j * stride);                           \
+            for (int64_t i = 1; i < nv; ++i)                                                            \
+                for (int j = 0; j < 8; ++j) a[j] += qv[i] * load(kt + j * stride + i * LANES);          \
+            store(s + t, hsum8(a) * splat(scale));                                                      \
+        }                                                                                               \
         for (; t + 4 <= n; t += 4) {                                                                     \
             const float *k0 = k + t * stride, *k1 = k0 + stride, *k2 = k1 + stride, *k3 = k2 + stride;  \
             vf a0 = qv[0] * load(k0), a1 = qv[0] * load(k1), a2 = qv[0] * load(k2), a3 = qv[0] * load(k3); \
