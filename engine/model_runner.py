@@ -12,6 +12,7 @@ import torch
 
 from engine.batch_metadata import BatchMetadata
 from engine.config import EngineConfig, ModelConfig, parse_memory
+from engine.host_memory import keep_freed_memory
 from engine.models.loader import load_model
 from engine.sampler import Sampler, SamplerOutput
 from engine.scheduler import SchedulerOutput
@@ -32,6 +33,8 @@ class ModelRunner:
         self.device = config.torch_device
         self.dtype = config.torch_dtype(model_config)
         self.block_size = config.block_size
+        if self.device.type == "cpu":
+            keep_freed_memory()
         self.model = load_model(folder, model_config, dtype=self.dtype, device=self.device,
                                 max_positions=max_model_len)
         self.num_blocks = self._num_kv_blocks(max_model_len)
