@@ -40,6 +40,7 @@ def paged_attention(
     query_start_loc: torch.Tensor,  # [num_seqs + 1] int32
     scale: float,
 ) -> torch.Tensor:  # [num_tokens, num_q_heads, head_dim]
+    _check_shapes(q, k_cache, v_cache, block_tables, seq_lens, query_start_loc)
     out = torch.empty_like(q)
     if q.shape[0] == 0:
         return out
@@ -53,6 +54,19 @@ def paged_attention(
     return out
 
 
+def _check_shapes(q, k_cache, v_cache, block_tables, seq_lens, query_start_loc) -> None:
+    if q.dim() != 3 or k_cache.dim() != 4 or k_cache.shape != v_cache.shape:
+        raise ValueError(f"paged_attention: q {tuple(q.shape)} must be [T, Hq, D] and both caches "
+                         f"[blocks, block_size, Hkv, D], got {tuple(k_cache.shape)} and {tuple(v_cache.shape)}")
+    if q.shape[2] != k_cache.shape[3] or q.shape[1] % k_cache.shape[2]:
+        raise ValueError(f"paged_attention: q heads/dim {tuple(q.shape[1:])} do not fit cache {tuple(k_cache.shape)}")
+    num_seqs = seq_lens.shape[0]
+    if block_tables.dim() != 2 or block_tables.shape[0] != num_seqs or query_start_loc.shape[0] != num_seqs + 1:
+        raise ValueError(f"paged_attention: {num_seqs} sequences need block_tables [{num_seqs}, max_blocks] and "
+                         f"query_start_loc [{num_seqs + 1}], got {tuple(block_tables.shape)}, "
+                         f"{tuple(query_start_loc.shape)}")
+
+
 def _native_library(q, k_cache, v_cache):
     if not (q.dtype == k_cache.dtype == v_cache.dtype == torch.float32):
         return None
@@ -61,8 +75,10 @@ def _native_library(q, k_cache, v_cache):
     library = native.load("paged_attention")
     if library is not None and not getattr(library, "_typed", False):
         library.paged_attention_f32.restype = ctypes.c_int
-        library.paged_attention_f32.argtypes = [ctypes.c_void_p] * 5 + [ctypes.c_int64] + [ctypes.c_void_p] * 3 + [
-            ctypes.c_int64] * 5 + [ctypes.c_float, ctypes.c_int64]
+        library.paged_attention_f32.argtypes = (
+            [ctypes.c_void_p] * 4 + [ctypes.c_int64, ctypes.c_void_p, ctypes.c_int64] + [ctypes.c_void_p] * 3
+            + [ctypes.c_int64] * 5 + [ctypes.c_float, ctypes.c_int64]
+        )
         library._typed = True
     return library
 
@@ -72,11 +88,14 @@ def _attend_native(library, q, out, k_cache, v_cache, block_tables, seq_lens, qu
     num_seqs = seq_lens.shape[0]
     seq_ids = _all_seq_ids(num_seqs)
     status = library.paged_attention_f32(
-        q.data_ptr(), out.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(),
+        q.data_ptr(), out.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(), k_cache.shape[0],
         block_tables.data_ptr(), block_tables.shape[1], seq_lens.data_ptr(), query_start_loc.data_ptr(),
         seq_ids.data_ptr(), num_seqs, q.shape[1], k_cache.shape[2], q.shape[2], k_cache.shape[1], scale,
         torch.get_num_threads(),
     )
+    if status == -2:
+        raise ValueError("paged_attention: a sequence's queries exceed its context, its context exceeds its block "
+                         "table, or a block id is outside the cache")
     return status == 0
 
 

@@ -65,8 +65,10 @@ def load(name: str) -> ctypes.CDLL | None:
     if not target.exists():
         try:
             _build(compiler, source, target)
-        except (OSError, subprocess.CalledProcessError) as error:
-            logger.warning("building %s failed (%s): using the pure-torch path", name, error)
+        except (OSError, subprocess.SubprocessError) as error:
+            detail = getattr(error, "stderr", b"") or b""
+            logger.warning("building %s failed (%s %s): using the pure-torch path", name, error,
+                           detail.decode(errors="replace")[-2000:])
             return None
     return ctypes.CDLL(str(target))
 

@@ -215,8 +215,25 @@ TILE(8)  /* head_dim 64 */
 TILE(16) /* head_dim 128 */
 TILE(0)  /* any other multiple of 8 up to 256 */
 
-/* Attention of the sequences listed in seq_ids; returns 0, or -1 if a size is outside the compiled limits. */
-int paged_attention_f32(const float *q, float *out, const float *k_cache, const float *v_cache,
+/* The metadata promises of the op, checked before any memory is touched: queries within the context, the
+ * context within the block table, block ids within the cache. */
+static int valid_metadata(const int32_t *block_tables, int64_t max_blocks, const int32_t *seq_lens,
+                          const int32_t *query_start_loc, const int32_t *seq_ids, int64_t num_seq_ids,
+                          int64_t num_blocks, int64_t block_size) {
+    for (int64_t i = 0; i < num_seq_ids; ++i) {
+        const int32_t s = seq_ids[i], n = query_start_loc[s + 1] - query_start_loc[s], len = seq_lens[s];
+        if (n < 0 || len < n || (n > 0 && len < 1) || (len + block_size - 1) / block_size > max_blocks) return 0;
+        for (int64_t b = 0; b < (len + block_size - 1) / block_size; ++b) {
+            const int32_t block = block_tables[s * max_blocks + b];
+            if (block < 0 || block >= num_blocks) return 0;
+        }
+    }
+    return 1;
+}
+
+/* Attention of the sequences listed in seq_ids. Returns 0; -1 if a size is outside the compiled limits (the
+ * caller falls back to torch); -2 if the metadata breaks the op's contract (nothing is read or written). */
+int paged_attention_f32(const float *q, float *out, const float *k_cache, const float *v_cache, int64_t num_blocks,
                         const int32_t *block_tables, int64_t max_blocks, const int32_t *seq_lens,
                         const int32_t *query_start_loc, const int32_t *seq_ids, int64_t num_seq_ids,
                         int64_t num_q_heads, int64_t num_kv_heads, int64_t head_dim, int64_t block_size,
@@ -224,6 +241,9 @@ int paged_attention_f32(const float *q, float *out, const float *k_cache, const 
     const int64_t group = num_q_heads / num_kv_heads;
     if (group > MAX_ROWS || head_dim % LANES || head_dim > MAX_VECS * LANES || block_size > MAX_BLOCK_SIZE)
         return -1;
+    if (!valid_metadata(block_tables, max_blocks, seq_lens, query_start_loc, seq_ids, num_seq_ids, num_blocks,
+                        block_size))
+        return -2;
     const Args args = {q, k_cache, v_cache, out, block_tables, seq_lens, query_start_loc,
                        max_blocks, num_q_heads, num_kv_heads, block_size, scale};
     /* Few sequences: one kv head per item so every thread has work. Many: all heads of a sequence in one

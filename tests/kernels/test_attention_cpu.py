@@ -118,3 +118,18 @@ def test_write_kv_accepts_strided_values():
     k_cache, v_cache = torch.zeros(2, 4, 2, 8), torch.zeros(2, 4, 2, 8)
     attention.write_kv(k, v, k_cache, v_cache, torch.tensor([1, 2, 7]))
     assert torch.equal(v_cache.view(-1, 2, 8)[[1, 2, 7]], v)
+
+
+@pytest.mark.parametrize(
+    ("edit", "match"),
+    [(lambda a: a.__setitem__(3, a[3][:1]), "block_tables"),  # tables for fewer sequences
+     (lambda a: a.__setitem__(0, a[0][..., :8]), "heads/dim"),  # head_dim mismatch
+     (lambda a: a[4].__setitem__(0, 200), "block table"),  # context beyond its table
+     (lambda a: a[3].__setitem__((1, 0), 10**6), "block id"),  # block outside the cache
+     (lambda a: a[4].__setitem__(1, 1), "queries exceed")],  # 3 queries, context of 1
+)
+def test_inconsistent_metadata_is_refused_before_touching_memory(edit, match):
+    args = list(paged_case([12, 30], [1, 3], num_q_heads=4, num_kv_heads=2, head_dim=16, block_size=4))
+    edit(args)
+    with pytest.raises(ValueError, match=match):
+        attention.paged_attention(*args)
