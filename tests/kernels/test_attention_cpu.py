@@ -133,3 +133,26 @@ def test_inconsistent_metadata_is_refused_before_touching_memory(edit, match):
     edit(args)
     with pytest.raises(ValueError, match=match):
         attention.paged_attention(*args)
+
+
+def test_a_failed_build_falls_back_to_torch(monkeypatch, tmp_path, caplog):
+    monkeypatch.setenv("KERNELS_CACHE_DIR", str(tmp_path))
+    monkeypatch.setenv("CC", "false")  # a "compiler" that always fails
+    native.load.cache_clear()
+    try:
+        assert native.load("paged_attention") is None
+        assert "pure-torch path" in caplog.text and not list(tmp_path.iterdir())
+        args = paged_case([9, 20], [1, 2], num_q_heads=4, num_kv_heads=2, head_dim=16, block_size=4)
+        torch.testing.assert_close(attention.paged_attention(*args), reference.paged_attention(*args))
+    finally:
+        native.load.cache_clear()
+
+
+def test_native_kernels_can_be_switched_off(monkeypatch):
+    monkeypatch.setenv("KERNELS_CPU_NATIVE", "maybe")
+    native.load.cache_clear()
+    try:
+        with pytest.raises(ValueError, match="KERNELS_CPU_NATIVE"):
+            native.load("paged_attention")
+    finally:
+        native.load.cache_clear()
