@@ -11,7 +11,10 @@ Workload: 64 requests, prompt lengths uniform in 16..256 tokens, 128 output toke
     step's token count (and of the vocabulary projection at its sampled rows), timed here with the model's
     own weights, plus the KV bytes the step's attention must read divided by the memory bandwidth measured
     here (sum of a 1 GiB tensor).
-Results go to ``bench/results/throughput-<time>.json`` and ``.png``; the last lines printed are the ratios.
+Every time is taken both by the wall clock and as process CPU time: on a machine shared with other work, run
+``--threads 1`` and read the CPU-time ratios (2-thread OpenMP regions stall whenever another process holds a
+core, and wall time counts that). Results go to ``bench/results/throughput-<time>.json`` and ``.png``; the last
+lines printed are the ratios.
 """
 
 import argparse
@@ -59,17 +62,42 @@ class StepRecord:
     num_tokens: int  # rows of every weight GEMM this step
     num_sampled: int  # rows of the vocabulary projection
     context_tokens: int  # sum of the scheduled sequences' context lengths: the KV attention reads
+    seconds: "Seconds | None" = None  # the step's forward pass and sampling
 
 
-def run_engine(model: str, workload: Workload) -> tuple[float, list[StepRecord], object]:
+@dataclass
+class Seconds:
+    """Wall-clock and process CPU time. On a shared machine run with ``--threads 1`` and compare CPU times:
+    they do not count the time other processes hold the cores (2-thread OpenMP regions stall on a busy core)."""
+
+    wall: float
+    cpu: float
+
+    def __add__(self, other: "Seconds") -> "Seconds":
+        return Seconds(self.wall + other.wall, self.cpu + other.cpu)
+
+
+def timed(fn) -> Seconds:
+    wall, cpu = time.perf_counter(), time.process_time()
+    fn()
+    return Seconds(time.perf_counter() - wall, time.process_time() - cpu)
+
+
+def best_of(fn, repeats: int) -> Seconds:
+    runs = [timed(fn) for _ in range(repeats)]
+    return Seconds(min(r.wall for r in runs), min(r.cpu for r in runs))
+
+
+def run_engine(model: str, workload: Workload) -> tuple[Seconds, list[StepRecord], object]:
     from engine import LLM, SamplingParams
 
     llm = LLM(model, seed=0)
     params = SamplingParams(temperature=0, max_tokens=workload.output_tokens, ignore_eos=True)
-    llm.generate(workload.prompts[:4], SamplingParams(temperature=0, max_tokens=4), use_tqdm=False)  # warm-up
+    warmup = [list(reversed(p)) for p in workload.prompts[:4]]  # no prefix-cache hits for the measured run
+    llm.generate(warmup, SamplingParams(temperature=0, max_tokens=4), use_tqdm=False)
     steps: list[StepRecord] = []
-    scheduler = llm.llm_engine.scheduler
-    schedule = scheduler.schedule
+    engine = llm.llm_engine
+    schedule, execute = engine.scheduler.schedule, engine.model_runner.execute
 
     def recording_schedule():
         out = schedule()
@@ -78,19 +106,27 @@ def run_engine(model: str, workload: Workload) -> tuple[float, list[StepRecord],
         steps.append(StepRecord(out.num_batched_tokens, sampled, sum(ends)))
         return out
 
-    scheduler.schedule = recording_schedule
-    start = time.perf_counter()
-    outputs = llm.generate(workload.prompts, params, use_tqdm=True)
-    elapsed = time.perf_counter() - start
-    scheduler.schedule = schedule
+    def recording_execute(out):
+        result = []
+        steps[-1].seconds = timed(lambda: result.append(execute(out)))
+        return result[0]
+
+    engine.scheduler.schedule, engine.model_runner.execute = recording_schedule, recording_execute
+    outputs = []
+    elapsed = timed(lambda: outputs.extend(llm.generate(workload.prompts, params, use_tqdm=True)))
+    engine.scheduler.schedule, engine.model_runner.execute = schedule, execute
     produced = sum(len(o.outputs[0].token_ids) for o in outputs)
     assert produced == workload.num_output_tokens, f"engine produced {produced} tokens"
+    assert engine.stats()["prefix_cache_hit_rate"] == 0.0 or engine.block_manager.num_hit_tokens == 0
     return elapsed, [s for s in steps if s.num_tokens], llm
 
 
-def run_transformers_static(folder: Path, workload: Workload, batch_size: int) -> float:
+def run_transformers_static(folder: Path, workload: Workload, batch_size: int) -> Seconds:
     model, pad_id = _hf_model(folder)
-    start = time.perf_counter()
+    return timed(lambda: _static_batches(model, pad_id, workload, batch_size))
+
+
+def _static_batches(model, pad_id: int, workload: Workload, batch_size: int) -> None:
     for first in range(0, workload.num_requests, batch_size):
         batch = workload.prompts[first : first + batch_size]
         width = max(map(len, batch))
@@ -100,18 +136,19 @@ def run_transformers_static(folder: Path, workload: Workload, batch_size: int) -
             out = model.generate(ids, attention_mask=mask, max_new_tokens=workload.output_tokens,
                                  min_new_tokens=workload.output_tokens, do_sample=False, pad_token_id=pad_id)
         assert out.shape[1] - width == workload.output_tokens
-    return time.perf_counter() - start
 
 
-def run_transformers_sequential(folder: Path, workload: Workload) -> float:
+def run_transformers_sequential(folder: Path, workload: Workload) -> Seconds:
     model, pad_id = _hf_model(folder)
-    start = time.perf_counter()
-    for prompt in workload.prompts[: workload.sequential_subset]:
-        with torch.no_grad():
-            model.generate(torch.tensor([prompt]), attention_mask=torch.ones(1, len(prompt), dtype=torch.long),
-                           max_new_tokens=workload.output_tokens, min_new_tokens=workload.output_tokens,
-                           do_sample=False, pad_token_id=pad_id)
-    return time.perf_counter() - start
+
+    def run():
+        for prompt in workload.prompts[: workload.sequential_subset]:
+            with torch.no_grad():
+                model.generate(torch.tensor([prompt]), attention_mask=torch.ones(1, len(prompt), dtype=torch.long),
+                               max_new_tokens=workload.output_tokens, min_new_tokens=workload.output_tokens,
+                               do_sample=False, pad_token_id=pad_id)
+
+    return timed(run)
 
 
 _HF_MODELS: dict = {}
@@ -128,14 +165,13 @@ def _hf_model(folder: Path):
 
 
 # ---- roofline
-def memory_bandwidth(num_bytes: int = 2**30, repeats: int = 5) -> float:
-    """Bytes/s of reading a 1 GiB tensor (best of ``repeats``), what attention's KV reads run into."""
+def memory_bandwidth(num_bytes: int = 2**30, repeats: int = 5) -> Seconds:
+    """Seconds to read a 1 GiB tensor (best of ``repeats``): what attention's KV reads run into."""
     data = torch.ones(num_bytes // 4)
-    best = min(_timed(lambda: data.sum()) for _ in range(repeats))
-    return num_bytes / best
+    return best_of(lambda: data.sum(), repeats)
 
 
-def gemm_seconds(llm, num_tokens: int, num_sampled: int, repeats: int = 3) -> float:
+def gemm_seconds(llm, num_tokens: int, num_sampled: int, repeats: int = 3) -> Seconds:
     """Weight GEMMs of one step with the engine's own weights: every projection at ``num_tokens`` rows,
     the vocabulary projection at ``num_sampled`` rows."""
     from engine.models.linear import Projection
@@ -152,27 +188,27 @@ def gemm_seconds(llm, num_tokens: int, num_sampled: int, repeats: int = 3) -> fl
             F.linear(head_input, model.lm_head)
 
     run()
-    return min(_timed(run) for _ in range(repeats))
+    return best_of(run, repeats)
 
 
-def roofline(llm, steps: list[StepRecord], bandwidth: float) -> dict:
+def roofline(llm, steps: list[StepRecord], read_gib: Seconds) -> dict:
+    """GEMM time of every step the engine ran plus its KV reads at the measured bandwidth, wall and CPU."""
     config = llm.llm_engine.model_config
     kv_bytes_per_token = 2 * config.num_layers * config.num_kv_heads * config.head_dim * 4
-    timings: dict[tuple[int, int], float] = {}
+    timings: dict[tuple[int, int], Seconds] = {}
     for step in steps:
         key = (step.num_tokens, step.num_sampled)
         if key not in timings:
             timings[key] = gemm_seconds(llm, *key)
-    gemm = sum(timings[(s.num_tokens, s.num_sampled)] for s in steps)
-    kv_bytes = sum(s.context_tokens for s in steps) * kv_bytes_per_token
-    return {"gemm_s": gemm, "attention_kv_s": kv_bytes / bandwidth, "total_s": gemm + kv_bytes / bandwidth,
-            "kv_gib_read": kv_bytes / 2**30, "distinct_step_shapes": len(timings)}
-
-
-def _timed(fn) -> float:
-    start = time.perf_counter()
-    fn()
-    return time.perf_counter() - start
+    gemm = sum((timings[(s.num_tokens, s.num_sampled)] for s in steps), Seconds(0.0, 0.0))
+    kv_gib = sum(s.context_tokens for s in steps) * kv_bytes_per_token / 2**30
+    kv = Seconds(kv_gib * read_gib.wall, kv_gib * read_gib.cpu)
+    decode = [s for s in steps if s.num_tokens == s.num_sampled]
+    return {"gemm": gemm, "kv_reads": kv, "total": gemm + kv, "kv_gib_read": kv_gib,
+            "distinct_step_shapes": len(timings),
+            "decode_steps": {"count": len(decode),
+                             "engine": sum((s.seconds for s in decode), Seconds(0.0, 0.0)),
+                             "gemm": sum((timings[(s.num_tokens, s.num_sampled)] for s in decode), Seconds(0, 0))}}
 
 
 # ---- report
@@ -182,22 +218,86 @@ def plot(report: dict, path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    names, values = ["transformers\nsequential"], [report["transformers"]["sequential_tok_s"]]
-    for size, rate in report["transformers"]["static_tok_s"].items():
-        names.append(f"transformers\nstatic bs={size}")
-        values.append(rate)
-    names += ["engine", "roofline"]
-    values += [report["engine"]["tok_s"], report["engine"]["roofline_tok_s"]]
+    rates, sizes = report["tok_s"]["wall"], report["static_batch_sizes"]
+    names = ["transformers\nsequential", *(f"transformers\nstatic bs={b}" for b in sizes), "engine", "roofline"]
+    values = [rates["transformers_sequential"], *(rates[f"transformers_static_{b}"] for b in sizes),
+              rates["engine"], rates["roofline"]]
     fig, ax = plt.subplots(figsize=(9, 4.5))
     bars = ax.bar(names, values, color=["#bbb"] * (len(names) - 2) + ["#2a6fdb", "#9cc3f5"])
     ax.bar_label(bars, fmt="%.0f")
-    ax.set_ylabel("output tokens / s")
-    w = report["workload"]
+    ax.set_ylabel("output tokens / s (wall clock)")
+    w, m = report["workload"], report["machine"]
     ax.set_title(f"{report['model']}: {w['num_requests']} requests, prompts {w['min_prompt']}-{w['max_prompt']}, "
-                 f"{w['output_tokens']} output tokens, {report['machine']['threads']} threads")
+                 f"{w['output_tokens']} out; {m['threads']} threads, load {m['load_avg_end'][0]:.1f}", fontsize=9)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
+
+
+def measure(model: str, workload: Workload) -> dict:
+    """Everything timed in one run: {name: Seconds} plus the engine's schedule and roofline."""
+    from engine.llm_engine import resolve_model_folder
+
+    folder = resolve_model_folder(model)
+    engine_time, steps, llm = run_engine(model, workload)
+    bound = roofline(llm, steps, memory_bandwidth())
+    times = {"engine": engine_time, "roofline": bound["total"]}
+    for size in workload.static_batch_sizes:
+        times[f"transformers_static_{size}"] = run_transformers_static(folder, workload, size)
+    sequential = run_transformers_sequential(folder, workload)
+    scale = workload.num_requests / workload.sequential_subset  # the subset's time for the whole workload
+    times["transformers_sequential"] = Seconds(sequential.wall * scale, sequential.cpu * scale)
+    return {"times": times, "roofline": bound, "steps": len(steps), "stats": llm.llm_engine.stats()}
+
+
+def summarize(model: str, workload: Workload, measured: dict, threads: int, load_start) -> dict:
+    times = measured["times"]
+    tok_s = {kind: {name: workload.num_output_tokens / getattr(t, kind) for name, t in times.items()}
+             for kind in ("wall", "cpu")}
+    best = max(workload.static_batch_sizes, key=lambda b: tok_s["wall"][f"transformers_static_{b}"])
+    ratios = {
+        kind: {"engine_vs_roofline": r["engine"] / r["roofline"],
+               "engine_vs_best_static": r["engine"] / r[f"transformers_static_{best}"],
+               "engine_vs_sequential": r["engine"] / r["transformers_sequential"]}
+        for kind, r in tok_s.items()
+    }
+    bound = measured["roofline"]
+    decode = bound["decode_steps"]
+    return {
+        "model": model,
+        "machine": {"threads": threads, "cpus": os.cpu_count(), "load_avg_start": load_start,
+                    "load_avg_end": os.getloadavg()},
+        "workload": {k: v for k, v in asdict(workload).items() if k != "prompts"},
+        "static_batch_sizes": workload.static_batch_sizes,
+        "best_static_batch_size": best,
+        "seconds": {name: asdict(t) for name, t in times.items()},
+        "tok_s": tok_s,
+        "ratios": ratios,
+        "roofline": {"gemm": asdict(bound["gemm"]), "kv_reads": asdict(bound["kv_reads"]),
+                     "kv_gib_read": bound["kv_gib_read"], "distinct_step_shapes": bound["distinct_step_shapes"]},
+        "decode_steps": {"count": decode["count"], "engine": asdict(decode["engine"]), "gemm": asdict(decode["gemm"])},
+        "engine": {"steps": measured["steps"], "stats": measured["stats"]},
+    }
+
+
+def print_report(report: dict, stem: Path) -> None:
+    m, r = report["machine"], report["roofline"]
+    print(f"results: {stem}.json / .png ({m['threads']} threads; load average {m['load_avg_start'][0]:.1f} -> "
+          f"{m['load_avg_end'][0]:.1f} on {m['cpus']} CPUs)")
+    print(f"roofline {r['gemm']['wall'] + r['kv_reads']['wall']:.1f} s wall = GEMMs {r['gemm']['wall']:.1f} s + "
+          f"{r['kv_gib_read']:.1f} GiB of KV reads {r['kv_reads']['wall']:.1f} s; "
+          f"engine {report['seconds']['engine']['wall']:.1f} s wall ({report['engine']['steps']} steps)")
+    d = report["decode_steps"]
+    print(f"decode steps: {d['count']}, engine {d['engine']['wall']:.1f} s vs their GEMMs {d['gemm']['wall']:.1f} s")
+    for kind in ("cpu", "wall"):
+        rates = report["tok_s"][kind]
+        line = ", ".join(f"{name} {rate:.1f}" for name, rate in rates.items())
+        print(f"output tok/s by {kind} time: {line}")
+    for kind in ("cpu", "wall"):
+        ratios = report["ratios"][kind]
+        print(f"[{kind}] engine / roofline: {ratios['engine_vs_roofline']:.1%}; engine / transformers best static "
+              f"(bs={report['best_static_batch_size']}): {ratios['engine_vs_best_static']:.2f}x; "
+              f"engine / transformers sequential: {ratios['engine_vs_sequential']:.2f}x")
 
 
 def main(argv=None) -> dict:
@@ -208,48 +308,17 @@ def main(argv=None) -> dict:
     args = parser.parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
-
     from engine.llm_engine import resolve_model_folder
 
-    folder = resolve_model_folder(args.model)
-    vocab = json.loads((folder / "config.json").read_text())["vocab_size"]
+    vocab = json.loads((resolve_model_folder(args.model) / "config.json").read_text())["vocab_size"]
     workload = make_workload(args.quick, vocab)
-    engine_s, steps, llm = run_engine(args.model, workload)
-    bandwidth = memory_bandwidth()
-    bound = roofline(llm, steps, bandwidth)
-    static = {size: workload.num_output_tokens / run_transformers_static(folder, workload, size)
-              for size in workload.static_batch_sizes}
-    sequential = workload.sequential_subset * workload.output_tokens / run_transformers_sequential(folder, workload)
-
-    engine_tok_s = workload.num_output_tokens / engine_s
-    best_size = max(static, key=static.get)
-    report = {
-        "model": args.model,
-        "machine": {"threads": torch.get_num_threads(), "cpus": os.cpu_count(), "load_avg": os.getloadavg(),
-                    "bandwidth_gb_s": bandwidth / 1e9},
-        "workload": {k: v for k, v in asdict(workload).items() if k != "prompts"},
-        "engine": {"seconds": engine_s, "tok_s": engine_tok_s, "steps": len(steps),
-                   "roofline": bound, "roofline_tok_s": workload.num_output_tokens / bound["total_s"],
-                   "fraction_of_roofline": bound["total_s"] / engine_s,
-                   "stats": llm.llm_engine.stats()},
-        "transformers": {"static_tok_s": static, "best_static_batch_size": best_size,
-                         "sequential_tok_s": sequential},
-        "ratios": {"vs_best_static": engine_tok_s / static[best_size], "vs_sequential": engine_tok_s / sequential},
-    }
+    load_start = os.getloadavg()
+    report = summarize(args.model, workload, measure(args.model, workload), torch.get_num_threads(), load_start)
     RESULTS.mkdir(parents=True, exist_ok=True)
     stem = RESULTS / f"throughput-{time.strftime('%Y%m%d-%H%M%S')}{'-quick' if args.quick else ''}"
-    stem.with_suffix(".json").write_text(json.dumps(report, indent=2, default=str))
+    stem.with_suffix(".json").write_text(json.dumps(report, indent=2))
     plot(report, stem.with_suffix(".png"))
-    print(f"results: {stem}.json / .png (load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs)")
-    print(f"memory bandwidth {bandwidth / 1e9:.1f} GB/s; roofline {bound['total_s']:.2f} s "
-          f"(GEMMs {bound['gemm_s']:.2f} s + KV reads {bound['attention_kv_s']:.2f} s); engine {engine_s:.2f} s")
-    print(f"transformers sequential: {sequential:.1f} tok/s")
-    for size, rate in static.items():
-        print(f"transformers static batch {size}: {rate:.1f} tok/s")
-    print(f"engine: {engine_tok_s:.1f} tok/s ({len(steps)} steps)")
-    print(f"engine / roofline: {report['engine']['fraction_of_roofline']:.1%}")
-    print(f"engine / transformers best static (bs={best_size}): {report['ratios']['vs_best_static']:.2f}x")
-    print(f"engine / transformers sequential: {report['ratios']['vs_sequential']:.2f}x")
+    print_report(report, stem)
     return report
 
 
