@@ -9,8 +9,8 @@ Workload: 64 requests, prompt lengths uniform in 16..256 tokens, 128 output toke
     one reported, and one request at a time on a subset of 8 (4 with ``--quick``);
   * the roofline of the engine's own schedule: for every step it ran, the time of the weight GEMMs at that
     step's token count (and of the vocabulary projection at its sampled rows), timed here with the model's
-    own weights, plus the KV bytes the step's attention must read divided by the memory bandwidth measured
-    here (sum of a 1 GiB tensor).
+    own weights, plus the KV bytes the step's attention must read at the memory bandwidth measured here
+    (the time to sum a 1 GiB tensor).
 Every time is taken both by the wall clock and as process CPU time: on a machine shared with other work, run
 ``--threads 1`` and read the CPU-time ratios (2-thread OpenMP regions stall whenever another process holds a
 core, and wall time counts that). Results go to ``bench/results/throughput-<time>.json`` and ``.png``; the last
@@ -171,44 +171,56 @@ def memory_bandwidth(num_bytes: int = 2**30, repeats: int = 5) -> Seconds:
     return best_of(lambda: data.sum(), repeats)
 
 
-def gemm_seconds(llm, num_tokens: int, num_sampled: int, repeats: int = 3) -> Seconds:
-    """Weight GEMMs of one step with the engine's own weights: every projection at ``num_tokens`` rows,
-    the vocabulary projection at ``num_sampled`` rows."""
+def projection_seconds(llm, num_tokens: int) -> Seconds:
+    """Every projection of the model (q/k/v, o, gate/up, down of all layers) at ``num_tokens`` rows, with the
+    engine's own weights."""
     from engine.models.linear import Projection
 
-    model = llm.llm_engine.model_runner.model
-    projections = [m for m in model.modules() if isinstance(m, Projection)]
+    projections = [m for m in llm.llm_engine.model_runner.model.modules() if isinstance(m, Projection)]
     inputs = {p.in_features: torch.randn(num_tokens, p.in_features) for p in projections}
-    head_input = torch.randn(max(num_sampled, 1), model.config.hidden_size)
 
     def run():
         for p in projections:
             F.linear(inputs[p.in_features], p.weight, p.bias)
-        if num_sampled:
-            F.linear(head_input, model.lm_head)
 
-    run()
-    return best_of(run, repeats)
+    return _best_after_warmup(run, num_tokens)
+
+
+def vocabulary_seconds(llm, num_rows: int) -> Seconds:
+    """The projection to the vocabulary at ``num_rows`` rows (the sampled tokens of a step)."""
+    if num_rows == 0:
+        return Seconds(0.0, 0.0)
+    model = llm.llm_engine.model_runner.model
+    hidden = torch.randn(num_rows, model.config.hidden_size)
+    return _best_after_warmup(lambda: F.linear(hidden, model.lm_head), num_rows)
+
+
+def _best_after_warmup(fn, rows: int) -> Seconds:
+    if rows > 512:  # seconds-long and steady: one run is enough
+        return timed(fn)
+    fn()
+    return best_of(fn, 3)
 
 
 def roofline(llm, steps: list[StepRecord], read_gib: Seconds) -> dict:
     """GEMM time of every step the engine ran plus its KV reads at the measured bandwidth, wall and CPU."""
     config = llm.llm_engine.model_config
     kv_bytes_per_token = 2 * config.num_layers * config.num_kv_heads * config.head_dim * 4
-    timings: dict[tuple[int, int], Seconds] = {}
-    for step in steps:
-        key = (step.num_tokens, step.num_sampled)
-        if key not in timings:
-            timings[key] = gemm_seconds(llm, *key)
-    gemm = sum((timings[(s.num_tokens, s.num_sampled)] for s in steps), Seconds(0.0, 0.0))
+    projections = {t: projection_seconds(llm, t) for t in sorted({s.num_tokens for s in steps})}
+    vocabulary = {r: vocabulary_seconds(llm, r) for r in sorted({s.num_sampled for s in steps})}
+
+    def gemm(step: StepRecord) -> Seconds:
+        return projections[step.num_tokens] + vocabulary[step.num_sampled]
+
+    zero = Seconds(0.0, 0.0)
+    gemm_total = sum((gemm(s) for s in steps), zero)
     kv_gib = sum(s.context_tokens for s in steps) * kv_bytes_per_token / 2**30
     kv = Seconds(kv_gib * read_gib.wall, kv_gib * read_gib.cpu)
     decode = [s for s in steps if s.num_tokens == s.num_sampled]
-    return {"gemm": gemm, "kv_reads": kv, "total": gemm + kv, "kv_gib_read": kv_gib,
-            "distinct_step_shapes": len(timings),
-            "decode_steps": {"count": len(decode),
-                             "engine": sum((s.seconds for s in decode), Seconds(0.0, 0.0)),
-                             "gemm": sum((timings[(s.num_tokens, s.num_sampled)] for s in decode), Seconds(0, 0))}}
+    return {"gemm": gemm_total, "kv_reads": kv, "total": gemm_total + kv, "kv_gib_read": kv_gib,
+            "distinct_step_shapes": len(projections) + len(vocabulary),
+            "decode_steps": {"count": len(decode), "engine": sum((s.seconds for s in decode), zero),
+                             "gemm": sum((gemm(s) for s in decode), zero)}}
 
 
 # ---- report
