@@ -4,6 +4,7 @@
 The engine is single-threaded; an async server drives it from one loop.
 """
 
+import gc
 import itertools
 import json
 import time
@@ -66,6 +67,10 @@ class LLMEngine:
         self._seq_ids = itertools.count()
         self._arrivals = itertools.count()
         self.counters = defaultdict(int)  # finished, aborted, prompt/generated/computed tokens, steps
+        # The model, tokenizer and transformers' modules are hundreds of thousands of long-lived objects: keep
+        # the cyclic collector from rescanning them in the middle of steps.
+        gc.collect()
+        gc.freeze()
 
     def _max_model_len(self) -> int:
         limit = self.model_config.max_position_embeddings
