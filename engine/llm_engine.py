@@ -4,6 +4,7 @@
 The engine is single-threaded; an async server drives it from one loop.
 """
 
+import atexit
 import gc
 import itertools
 import json
@@ -34,6 +35,21 @@ def resolve_model_folder(name_or_path: str) -> Path:
     except ImportError:
         raise ValueError(f"model {name_or_path!r} is not an HF folder and no model preparer is installed") from None
     return Path(resolve_model(name_or_path))
+
+
+_unfreeze_registered = False
+
+
+def _freeze_startup_objects() -> None:
+    """The model, tokenizer and transformers' modules are hundreds of thousands of long-lived objects: keep the
+    cyclic collector from rescanning them in the middle of steps. Shutdown gets them back (native bindings
+    report anything still frozen as a leak)."""
+    global _unfreeze_registered
+    gc.collect()
+    gc.freeze()
+    if not _unfreeze_registered:
+        atexit.register(gc.unfreeze)
+        _unfreeze_registered = True
 
 
 @dataclass(slots=True)
@@ -67,10 +83,7 @@ class LLMEngine:
         self._seq_ids = itertools.count()
         self._arrivals = itertools.count()
         self.counters = defaultdict(int)  # finished, aborted, prompt/generated/computed tokens, steps
-        # The model, tokenizer and transformers' modules are hundreds of thousands of long-lived objects: keep
-        # the cyclic collector from rescanning them in the middle of steps.
-        gc.collect()
-        gc.freeze()
+        _freeze_startup_objects()
 
     def _max_model_len(self) -> int:
         limit = self.model_config.max_position_embeddings
