@@ -1,0 +1,130 @@
+"""LoRA expand: ``y[t] += scales[s] * lora_b[s] @ h[t]`` with ``s = token_slots[t]``, in place.
+
+Same tiling as ``lora_shrink`` (see ``lora_shrink_op``): tiles of consecutive tokens, one ``tl.dot`` per distinct
+slot in the tile, so a prefill chunk is a grouped GEMM and decode tokens share each slot's weights within a tile.
+``y`` may be a strided view (a column slice of a fused qkv output); only rows with an adapter are read and written,
+so the others stay bit-for-bit untouched. ``h`` is rounded to the weights' dtype for the tensor cores, as vLLM and
+Punica do; products accumulate in fp32 and ``y`` is updated in fp32 before one rounding to its dtype. With
+``slot_ranks`` a slot of rank r reads only the first r columns of its ``lora_b``.
+"""
+
+import torch
+import triton
+import triton.language as tl
+
+from kernels.triton.launch import Launch, check_index, check_same_device, dot_precision
+
+# Tuned configs, as data: "decode" for small batches, "prefill" otherwise.
+CONFIGS = {
+    "decode": {"BLOCK_M": 16, "BLOCK_N": 64, "num_warps": 4, "num_stages": 2},
+    "prefill": {"BLOCK_M": 64, "BLOCK_N": 128, "num_warps": 4, "num_stages": 3},
+}
+DECODE_MAX_TOKENS = 256
+MAX_BLOCK_R = 64
+
+
+@triton.jit
+def _lora_expand_kernel(
+    # tensors
+    y_ptr, h_ptr, lora_b_ptr, token_slots_ptr, scales_ptr, slot_ranks_ptr,
+    # sizes
+    num_tokens, out_features, max_rank,
+    # strides
+    stride_yt, stride_yn,
+    stride_ht, stride_hr,
+    stride_bs, stride_bn, stride_br,
+    # tiling
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_R: tl.constexpr,
+    # modes
+    HAS_RANKS: tl.constexpr, DOT_PRECISION: tl.constexpr,
+):
+    pid_m = tl.program_id(0)
+    pid_n = tl.program_id(1)
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    m_ok = offs_m < num_tokens
+    slots = tl.load(token_slots_ptr + offs_m, mask=m_ok, other=-1)  # [BLOCK_M]
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    n_ok = offs_n < out_features
+    offs_r = tl.arange(0, BLOCK_R)
+    h_rows = h_ptr + offs_m.to(tl.int64)[:, None] * stride_ht
+
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    has_adapter = slots >= 0
+    pending = has_adapter
+    while tl.max(pending.to(tl.int32), 0) > 0:
+        slot = tl.min(tl.where(pending, slots, 2**30), 0)  # next distinct slot of the tile
+        rows = slots == slot
+        pending = pending & (slots != slot)
+        rank = max_rank
+        if HAS_RANKS:
+            rank = tl.minimum(tl.load(slot_ranks_ptr + slot), max_rank)
+        b_cols = lora_b_ptr + slot.to(tl.int64) * stride_bs + offs_n[None, :] * stride_bn
+        part = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+        for r0 in range(0, rank, BLOCK_R):
+            r = r0 + offs_r
+            r_ok = r < rank
+            hr = tl.load(h_rows + r[None, :] * stride_hr, mask=rows[:, None] & r_ok[None, :], other=0.0)
+            br = tl.load(b_cols + r[:, None] * stride_br, mask=r_ok[:, None] & n_ok[None, :], other=0.0)
+            part = tl.dot(hr.to(br.dtype), br, part, input_precision=DOT_PRECISION)  # [BLOCK_M, BLOCK_N]
+        acc += part * tl.load(scales_ptr + slot)
+
+    y = y_ptr + offs_m.to(tl.int64)[:, None] * stride_yt + offs_n[None, :] * stride_yn
+    mask = has_adapter[:, None] & n_ok[None, :]
+    current = tl.load(y, mask=mask, other=0.0).to(tl.float32)
+    tl.store(y, (current + acc).to(y_ptr.dtype.element_ty), mask=mask)
+
+
+def lora_expand(
+    y: torch.Tensor,  # [num_tokens, out_features], updated in place
+    h: torch.Tensor,  # [num_tokens, max_rank]
+    lora_b: torch.Tensor,  # [num_slots, out_features, max_rank]
+    token_slots: torch.Tensor,  # [num_tokens] int32; -1 = no adapter
+    scales: torch.Tensor,  # [num_slots] float32
+    *,
+    slot_ranks: torch.Tensor | None = None,  # [num_slots] int32, rank of each slot's adapter
+) -> None:
+    """``y[t] += scales[s] * lora_b[s] @ h[t]`` with ``s = token_slots[t]``; tokens with -1 are untouched
+    (see ``kernels.reference.lora_expand``). ``slot_ranks`` lets a slot skip its zero padding columns."""
+    _check(y, h, lora_b, token_slots, scales, slot_ranks)
+    for launch in plan(y, h, lora_b, token_slots, scales, slot_ranks, choose_config(y, lora_b)):
+        launch.run(y.device)
+
+
+def choose_config(y: torch.Tensor, lora_b: torch.Tensor) -> dict:
+    """Tiling from shapes alone."""
+    config = dict(CONFIGS["decode" if y.shape[0] <= DECODE_MAX_TOKENS else "prefill"])
+    config["BLOCK_R"] = min(MAX_BLOCK_R, max(16, triton.next_power_of_2(lora_b.shape[2])))
+    return config
+
+
+def plan(y, h, lora_b, token_slots, scales, slot_ranks, config) -> list[Launch]:
+    """The launch that adds the LoRA update into ``y``."""
+    num_tokens, out_features = y.shape
+    return [Launch(
+        _lora_expand_kernel,
+        grid=(triton.cdiv(num_tokens, config["BLOCK_M"]), triton.cdiv(out_features, config["BLOCK_N"])),
+        args=(y, h, lora_b, token_slots, scales, token_slots if slot_ranks is None else slot_ranks,
+              num_tokens, out_features, lora_b.shape[2], *y.stride(), *h.stride(), *lora_b.stride()),
+        constexprs=dict(BLOCK_M=config["BLOCK_M"], BLOCK_N=config["BLOCK_N"], BLOCK_R=config["BLOCK_R"],
+                        HAS_RANKS=slot_ranks is not None, DOT_PRECISION=dot_precision(lora_b.dtype)),
+        options=dict(num_warps=config["num_warps"], num_stages=config["num_stages"]),
+    )]
+
+
+def _check(y, h, lora_b, token_slots, scales, slot_ranks) -> None:
+    tensors = dict(y=y, h=h, lora_b=lora_b, token_slots=token_slots, scales=scales)
+    if slot_ranks is not None:
+        tensors["slot_ranks"] = slot_ranks
+    check_same_device(**tensors)
+    if y.dim() != 2 or h.dim() != 2 or lora_b.dim() != 3:
+        raise ValueError(f"y must be [tokens, out], h [tokens, max_rank], lora_b [slots, out, max_rank], "
+                         f"got {list(y.shape)}, {list(h.shape)}, {list(lora_b.shape)}")
+    if h.shape[0] != y.shape[0] or lora_b.shape[1] != y.shape[1] or lora_b.shape[2] != h.shape[1]:
+        raise ValueError(f"shapes do not fit: y {list(y.shape)}, h {list(h.shape)}, lora_b {list(lora_b.shape)}")
+    floats = (torch.float32, torch.float16, torch.bfloat16)
+    if any(t.dtype not in floats for t in (y, h, lora_b)):
+        raise ValueError(f"y, h, lora_b must be fp32/fp16/bf16, got {y.dtype}, {h.dtype}, {lora_b.dtype}")
+    check_index("token_slots", token_slots, torch.int32, (y.shape[0],))
+    check_index("scales", scales, torch.float32, (lora_b.shape[0],))
+    if slot_ranks is not None:
+        check_index("slot_ranks", slot_ranks, torch.int32, (lora_b.shape[0],))
