@@ -1,6 +1,7 @@
 """The cases ``bench.kernels`` measures: SmolLM2-135M's shapes (9/3 heads of 64, hidden 576, MLP 1536, block 16)
 at decode and prefill sizes, with the bytes and FLOPs each must at least move or compute."""
 
+import itertools
 import math
 from dataclasses import dataclass
 
@@ -33,15 +34,19 @@ ATTENTION = {
     "attn mixed 512-chunk after 1536 + 128 decodes": ([2048] + [1024] * 128, [512] + [1] * 128),
 }
 ATTENTION_DRY = {"attn mixed tiny": ([40, 17], [1, 17])}
-# name -> (tokens, in, out, ranks of the slots, tokens sorted by adapter, pass slot_ranks)
+# name -> (tokens, in, out or fused slices, ranks of the slots, tokens sorted by adapter, pass slot_ranks)
 LORA = {
     "lora q_proj 256 tok, 8 adapters r16": (256, HIDDEN, HIDDEN, [16] * 8, False, False),
     "lora q_proj 256 tok, 8 adapters r16 sorted": (256, HIDDEN, HIDDEN, [16] * 8, True, False),
     "lora up_proj 256 tok, 8 adapters r16": (256, HIDDEN, INTERMEDIATE, [16] * 8, False, False),
     "lora q_proj 256 tok, ranks 8..64 + slot_ranks": (256, HIDDEN, HIDDEN, [8, 16, 32, 64] * 2, False, True),
+    "lora fused qkv 256 tok, 8 adapters r16": (256, HIDDEN, (576, 192, 192), [16] * 8, False, False),
     "lora up_proj 4096 tok, 4 adapters r64 sorted": (4096, HIDDEN, INTERMEDIATE, [64] * 4, True, False),
 }
-LORA_DRY = {"lora tiny 8 tok, 2 adapters r8": (8, HIDDEN, HIDDEN, [8, 8], False, True)}
+LORA_DRY = {
+    "lora tiny 8 tok, 2 adapters r8": (8, HIDDEN, HIDDEN, [8, 8], False, True),
+    "lora tiny fused qkv 4 tok": (4, HIDDEN, (576, 192, 192), [8, 1], False, True),
+}
 WRITE_KV = {"write_kv 256 decode tokens": 256, "write_kv 8192 prefill tokens": 8192}
 WRITE_KV_DRY = {"write_kv tiny": 8}
 
@@ -129,47 +134,57 @@ def write_kv_case(name, num_tokens, dtype, device, gen) -> Case:
                 baselines={"torch_index_copy": torch_index_copy}, check=check, bytes=4 * k.numel() * k.element_size())
 
 
-def lora_case(name, num_tokens, in_features, out_features, ranks, sort, with_ranks, dtype, device, gen) -> Case:
-    num_slots, max_rank = len(ranks), max(ranks)
-    lora_a = torch.randn(num_slots, max_rank, in_features, generator=gen, device=device) * in_features**-0.5
+def lora_case(name, num_tokens, in_features, out, ranks, sort, with_ranks, dtype, device, gen) -> Case:
+    slices = tuple(out) if isinstance(out, tuple) else (out,)
+    out_features, num_slices, num_slots, max_rank = sum(slices), len(slices), len(ranks), max(ranks)
+    lora_a = torch.randn(num_slots, num_slices * max_rank, in_features, generator=gen, device=device)
     lora_b = torch.randn(num_slots, out_features, max_rank, generator=gen, device=device) * max_rank**-0.5
     for slot, rank in enumerate(ranks):
-        lora_a[slot, rank:], lora_b[slot, :, rank:] = 0, 0
-    lora_a, lora_b = lora_a.to(dtype), lora_b.to(dtype)
+        lora_a.view(num_slots, num_slices, max_rank, in_features)[slot, :, rank:] = 0
+        lora_b[slot, :, rank:] = 0
+    lora_a, lora_b = (lora_a * in_features**-0.5).to(dtype), lora_b.to(dtype)
     scales = torch.rand(num_slots, generator=gen, device=device) + 0.5
     slots = torch.randint(0, num_slots, (num_tokens,), generator=gen, device=device).to(torch.int32)
     slots = slots.sort().values if sort else slots
     slot_ranks = torch.tensor(ranks, dtype=torch.int32, device=device) if with_ranks else None
     x = torch.randn(num_tokens, in_features, generator=gen, device=device).to(dtype)
     y = torch.randn(num_tokens, out_features, generator=gen, device=device).to(dtype)
+    kwargs = dict(slot_ranks=slot_ranks)
 
-    def run():
-        h = triton_ops.lora_shrink(x, lora_a, slots, slot_ranks=slot_ranks)
-        triton_ops.lora_expand(y, h, lora_b, slots, scales, slot_ranks=slot_ranks)
+    def run(y=y):
+        h = triton_ops.lora_shrink(x, lora_a, slots, num_slices=num_slices, **kwargs)
+        triton_ops.lora_expand(y, h, lora_b, slots, scales, slices=slices, **kwargs)
 
     def check():
         y_triton, y_ref = y.clone(), y.clone()
-        h = triton_ops.lora_shrink(x, lora_a, slots, slot_ranks=slot_ranks)
-        triton_ops.lora_expand(y_triton, h, lora_b, slots, scales, slot_ranks=slot_ranks)
-        reference.lora_expand(y_ref, reference.lora_shrink(x, lora_a, slots), lora_b, slots, scales)
+        run(y_triton)
+        h_ref = reference.lora_shrink(x, lora_a, slots)  # [T, num_slices * max_rank]
+        for i, (start, size) in enumerate(bounds):
+            reference.lora_expand(y_ref[:, start:start + size], h_ref[:, i * max_rank:(i + 1) * max_rank],
+                                  lora_b[:, start:start + size], slots, scales)
         return _max_err(y_triton, y_ref)
 
-    def torch_gather_bmm():  # per-token weights gathered, then batched mat-vecs
-        h = torch.bmm(lora_a[slots], x[:, :, None])  # [T, max_rank, 1]
+    def torch_gather_bmm():  # per-token weights gathered, then batched mat-vecs (one slice: the rest alike)
+        h = torch.bmm(lora_a[slots, :max_rank], x[:, :, None])  # [T, max_rank, 1]
         y.add_((torch.bmm(lora_b[slots], h)[:, :, 0] * scales[slots, None]).to(y.dtype))
 
-    def torch_dense_one_adapter():  # the same sizes as one GEMM pair: the issue's 1.5x target
-        y.add_(((x @ lora_a[0].T) @ lora_b[0].T) * scales[0])
+    bounds = list(zip(itertools.accumulate((0, *slices)), slices, strict=False))  # (start, size) per slice
+
+    def torch_dense_one_adapter():  # the same sizes with every token on slot 0: the issue's 1.5x target
+        h = x @ lora_a[0].T  # [T, num_slices * max_rank]
+        for i, (start, size) in enumerate(bounds):
+            y[:, start:start + size] += (h[:, i * max_rank:(i + 1) * max_rank] @ lora_b[0, start:start + size].T
+                                         ) * scales[0]
 
     used = torch.unique(slots).tolist()
     rank_read = [ranks[s] if with_ranks else max_rank for s in used]
     elt = x.element_size()
-    weight_bytes = sum(r * (in_features + out_features) for r in rank_read) * elt
+    weight_bytes = sum(r * (num_slices * in_features + out_features) for r in rank_read) * elt
     return Case(
         name, triton=run, check=check,
         baselines={"torch_gather_bmm": torch_gather_bmm, "torch_dense_one_adapter": torch_dense_one_adapter},
-        bytes=weight_bytes + (x.numel() + 2 * y.numel()) * elt + num_tokens * max_rank * 4 * 2,
-        flops=2 * sum(ranks[s] for s in slots.tolist()) * (in_features + out_features),
+        bytes=weight_bytes + (x.numel() + 2 * y.numel()) * elt + num_tokens * num_slices * max_rank * 4 * 2,
+        flops=2 * sum(ranks[s] for s in slots.tolist()) * (num_slices * in_features + out_features),
     )
 
 

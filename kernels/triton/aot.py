@@ -9,11 +9,16 @@ Must run in a process where ``TRITON_INTERPRET`` is unset: the interpreter's ker
 """
 
 import argparse
+import re
+import subprocess
 import sys
+import tempfile
 import time
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
+import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource, compile, make_backend
 from triton.runtime.jit import create_function_from_signature
@@ -33,6 +38,8 @@ class Compiled:
     seconds: float
     num_warps: int
     shared_bytes: int
+    registers: int | None  # per thread, from the cubin (None when cuobjdump is missing)
+    stack_bytes: int | None  # > 0 means register spills
 
 
 def engine_launches(dtype: torch.dtype = torch.bfloat16) -> dict[str, Launch]:
@@ -46,22 +53,29 @@ def engine_launches(dtype: torch.dtype = torch.bfloat16) -> dict[str, Launch]:
     k = qkv[:, NUM_Q_HEADS * HEAD_DIM:(NUM_Q_HEADS + NUM_KV_HEADS) * HEAD_DIM].view(4, NUM_KV_HEADS, HEAD_DIM)
     cache = torch.empty(4, BLOCK_SIZE, NUM_KV_HEADS, HEAD_DIM, dtype=dtype)
     launches["write_kv"] = write_kv_op.plan(k, k, cache, cache, torch.zeros(4, dtype=torch.int64))[0]
-    for name, num_tokens, in_features in (("decode", 256, HIDDEN), ("prefill", 512, INTERMEDIATE)):
+    qkv_sizes = (NUM_Q_HEADS * HEAD_DIM, NUM_KV_HEADS * HEAD_DIM, NUM_KV_HEADS * HEAD_DIM)
+    # name, tokens, in, out slices: fused qkv at decode, down_proj and fused gate/up at prefill
+    for name, num_tokens, in_features, slices in (("decode_qkv", 256, HIDDEN, qkv_sizes),
+                                                  ("prefill_down", 512, INTERMEDIATE, (HIDDEN,)),
+                                                  ("prefill_gate_up", 512, HIDDEN, (INTERMEDIATE,) * 2)):
         x = torch.empty(num_tokens, in_features, dtype=dtype)
-        lora_a = torch.empty(MAX_LORAS, MAX_LORA_RANK, in_features, dtype=dtype)
+        lora_a = torch.empty(MAX_LORAS, len(slices) * MAX_LORA_RANK, in_features, dtype=dtype)
         slots, ranks = _slots(num_tokens)
-        h = torch.empty(num_tokens, MAX_LORA_RANK, dtype=torch.float32)
+        h = torch.empty(num_tokens, lora_a.shape[1], dtype=torch.float32)
         config = lora_shrink_op.choose_config(x, lora_a)
-        launches[f"lora_shrink[{name}]"] = lora_shrink_op.plan(x, lora_a, slots, ranks, h, config)[0]
-    for name, num_tokens, out_features in (("decode_k_of_qkv", 256, NUM_KV_HEADS * HEAD_DIM),
-                                           ("prefill", 512, INTERMEDIATE)):
-        y = qkv.new_empty(num_tokens, out_features + 64)[:, 64:]  # a column slice, as of a fused output
-        h = torch.empty(num_tokens, MAX_LORA_RANK, dtype=torch.float32)
-        lora_b = torch.empty(MAX_LORAS, out_features, MAX_LORA_RANK, dtype=dtype)
-        slots, ranks = _slots(num_tokens)
-        scales = torch.ones(MAX_LORAS)
-        config = lora_expand_op.choose_config(y, lora_b)
-        launches[f"lora_expand[{name}]"] = lora_expand_op.plan(y, h, lora_b, slots, scales, ranks, config)[0]
+        launches[f"lora_shrink[{name}]"] = lora_shrink_op.plan(x, lora_a, slots, ranks, h, config, len(slices))[0]
+        y = torch.empty(num_tokens, sum(slices), dtype=dtype)
+        lora_b = torch.empty(MAX_LORAS, sum(slices), MAX_LORA_RANK, dtype=dtype)
+        config = lora_expand_op.choose_config(y, lora_b, slices)
+        launches[f"lora_expand[{name}]"] = lora_expand_op.plan(y, h, lora_b, slots, torch.ones(MAX_LORAS), ranks,
+                                                               config, slices)[0]
+    # one projection's update into a column slice of a fused output (the unfused LoRA path)
+    y = qkv.new_empty(256, qkv.shape[1])[:, qkv_sizes[0]:qkv_sizes[0] + qkv_sizes[1]]
+    h = torch.empty(256, MAX_LORA_RANK, dtype=torch.float32)
+    lora_b = torch.empty(MAX_LORAS, qkv_sizes[1], MAX_LORA_RANK, dtype=dtype)
+    slots, ranks = _slots(256)
+    launches["lora_expand[decode_k_view]"] = lora_expand_op.plan(
+        y, h, lora_b, slots, torch.ones(MAX_LORAS), None, lora_expand_op.choose_config(y, lora_b))[0]
     return launches
 
 
@@ -101,8 +115,21 @@ def compile_all(target: GPUTarget = HOPPER, dtypes=(torch.bfloat16,)) -> list[Co
             start = time.perf_counter()
             kernel = compile_launch(launch, target)
             results.append(Compiled(f"{name} {str(dtype).removeprefix('torch.')}", time.perf_counter() - start,
-                                    kernel.metadata.num_warps, kernel.metadata.shared))
+                                    kernel.metadata.num_warps, kernel.metadata.shared, *_resources(kernel)))
     return results
+
+
+def _resources(kernel) -> tuple[int | None, int | None]:
+    """Registers per thread and stack bytes of a compiled kernel, read with the cuobjdump Triton ships."""
+    cuobjdump = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump"
+    if "cubin" not in kernel.asm or not cuobjdump.exists():
+        return None, None
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
+        f.write(kernel.asm["cubin"])
+        f.flush()
+        out = subprocess.run([cuobjdump, "--dump-resource-usage", f.name], capture_output=True, text=True).stdout
+    match = re.search(r"REG:(\d+) STACK:(\d+)", out)
+    return (int(match[1]), int(match[2])) if match else (None, None)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -112,9 +139,10 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     dtypes = (torch.bfloat16, torch.float32) if args.fp32 else (torch.bfloat16,)
     results = compile_all(GPUTarget("cuda", args.arch, 32), dtypes)
-    print(f"{'kernel':<44} {'warps':>5} {'shared B':>9} {'compile s':>9}")
+    print(f"{'kernel':<44} {'warps':>5} {'shared B':>9} {'regs':>5} {'stack B':>7} {'compile s':>9}")
     for r in results:
-        print(f"{r.name:<44} {r.num_warps:>5} {r.shared_bytes:>9} {r.seconds:>9.2f}")
+        print(f"{r.name:<44} {r.num_warps:>5} {r.shared_bytes:>9} {r.registers or '-':>5} "
+              f"{'-' if r.stack_bytes is None else r.stack_bytes:>7} {r.seconds:>9.2f}")
     print(f"compiled {len(results)} kernels for sm_{args.arch}")
     return 0
 

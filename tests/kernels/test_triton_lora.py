@@ -97,6 +97,37 @@ def test_expand_into_a_column_slice_of_fused_qkv():
     assert torch.equal(qkv[:, :576], expected[:, :576]) and torch.equal(qkv[:, 768:], expected[:, 768:])
 
 
+def test_fused_qkv_in_one_shrink_and_one_expand():
+    # q, k, v A matrices stacked on the rank axis, B matrices on the output axis; mixed ranks via slot_ranks
+    ranks = [8, 1, 8]
+    parts = [adapters(576, out, ranks, seed=10 + i) for i, out in enumerate((576, 192, 192))]
+    lora_a = torch.cat([a for a, _, _ in parts], dim=1)  # [slots, 3 * 8, 576]
+    lora_b = torch.cat([b for _, b, _ in parts], dim=1)  # [slots, 960, 8]
+    scales = parts[0][2]
+    slots = torch.tensor([0, 2, -1, 1, 1, 0], dtype=torch.int32)
+    x, y = torch.randn(6, 576), torch.randn(6, 960)
+    slot_ranks = torch.tensor(ranks, dtype=torch.int32)
+    h = lora_shrink(x, lora_a, slots, slot_ranks=slot_ranks, num_slices=3)
+    y_triton = y.clone()
+    lora_expand(y_triton, h, lora_b, slots, scales, slot_ranks=slot_ranks, slices=(576, 192, 192))
+    y_ref = y.clone()
+    for i, (start, end) in enumerate([(0, 576), (576, 768), (768, 960)]):
+        a, b, _ = parts[i]
+        reference.lora_expand(y_ref[:, start:end], reference.lora_shrink(x, a, slots), b, slots, scales)
+    torch.testing.assert_close(h, reference.lora_shrink(x, lora_a, slots), **TOLERANCE[torch.float32])
+    torch.testing.assert_close(y_triton, y_ref, **TOLERANCE[torch.float32])
+    # slot 1 has rank 1 in every slice: what lies past it, slice by slice, is never read
+    for i in range(3):
+        lora_a[1, i * 8 + 1:(i + 1) * 8] = float("nan")
+    lora_b[1, :, 1:] = float("nan")
+    h2 = lora_shrink(x, lora_a, slots, slot_ranks=slot_ranks, num_slices=3)
+    y2 = y.clone()
+    lora_expand(y2, h2, lora_b, slots, scales, slot_ranks=slot_ranks, slices=(576, 192, 192))
+    assert torch.equal(h2, h) and torch.equal(y2, y_triton)
+    with pytest.raises(ValueError, match="slices"):
+        lora_expand(y_triton, h, lora_b, slots, scales, slices=(576, 384 - 8, 8))
+
+
 def test_shrink_without_k_split_and_prefill_tiles():
     # the configs large batches get: 64-token tiles spanning two adapters' runs, one program per tile
     lora_a, _, _ = adapters(576, 576, [8, 8, 8], seed=4)
