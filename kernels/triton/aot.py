@@ -85,7 +85,7 @@ def _attention(dtype, num_tokens, num_seqs, num_splits, kind) -> list[Launch]:
     block_tables = torch.zeros(num_seqs, MAX_BLOCKS, dtype=torch.int32)
     seq_lens = torch.ones(num_seqs, dtype=torch.int32)
     query_start_loc = torch.zeros(num_seqs + 1, dtype=torch.int32)
-    config = dict(paged_attention_op.CONFIGS["decode" if kind.startswith("decode") else "prefill"],
+    config = dict(paged_attention_op.base_config("decode" if kind.startswith("decode") else "prefill", dtype),
                   NUM_SPLITS=num_splits)
     return paged_attention_op.plan(q, cache, cache, block_tables, seq_lens, query_start_loc, 0.125,
                                    torch.empty_like(q), config)

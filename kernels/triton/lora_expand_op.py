@@ -22,7 +22,7 @@ import triton.language as tl
 
 from kernels.triton.launch import Launch, check_index, check_same_device, dot_precision
 
-# Tuned configs, as data: "decode" for small batches, "prefill" otherwise.
+# Configs, as data: "decode" for small batches, "prefill" otherwise; spill-free on sm_90, not yet GPU-tuned.
 CONFIGS = {
     "decode": {"BLOCK_M": 16, "BLOCK_N": 64, "num_warps": 4, "num_stages": 2},
     "prefill": {"BLOCK_M": 64, "BLOCK_N": 128, "num_warps": 8, "num_stages": 3},  # 4 warps spill on sm_90

@@ -21,13 +21,16 @@ import triton.language as tl
 
 from kernels.triton.launch import Launch, check_index, check_same_device, dot_precision, num_sms
 
-# Tuned configs, as data. "decode" when the batch has about one query token per sequence, else "prefill".
+# Configs, as data: "decode" when the batch has about one query token per sequence, else "prefill". Chosen for
+# no register spills on sm_90 (see ``python -m kernels.triton.aot``); not yet tuned on a GPU (bench/kernels.py).
 CONFIGS = {
     "decode": {"BLOCK_M": 16, "BLOCK_N": 64, "num_warps": 4, "num_stages": 3},
     "prefill": {"BLOCK_M": 64, "BLOCK_N": 64, "num_warps": 4, "num_stages": 2},
 }
+# Exact fp32 dots run on the CUDA cores and hold their operands in registers: 64x64 tiles spill kilobytes.
+FP32_OVERRIDES = {"prefill": {"BLOCK_M": 32, "BLOCK_N": 32}}
 MAX_NUM_SPLITS = 16
-MIN_KV_TILES_PER_SPLIT = 2  # a split shorter than this costs more in the merge than it saves
+MIN_KV_TILES_PER_SPLIT = 2  # shorter splits are not worth their merge (an estimate until measured)
 PROGRAMS_PER_SM = 2  # split until the GPU has about this many programs per SM
 _LOG2E = 1.4426950408889634
 
@@ -55,8 +58,8 @@ def _paged_attention_kernel(
     kv_head = tl.program_id(1)
     split = tl.program_id(2)
 
-    # Sequence of this tile: the last i with query_start_loc[i] // BLOCK_Q + i <= tile (a sequence with n
-    # queries owns n // BLOCK_Q + 1 tile ids, enough for its ceil(n / BLOCK_Q) tiles).
+    # Sequence of this tile: the last i with query_start_loc[i] // BLOCK_Q + i <= tile. Sequence i owns the ids
+    # from its own start to the next one's, at least ceil(n_i / BLOCK_Q) of them; the spare ones exit below.
     lo = num_seqs * 0
     hi = num_seqs
     while lo < hi:
@@ -168,7 +171,7 @@ def paged_attention(
     """Causal attention of each sequence's last ``query_start_loc[i+1]-query_start_loc[i]`` tokens over its whole
     context, read in place from the paged cache (see ``kernels.reference.paged_attention``)."""
     _check(q, k_cache, v_cache, block_tables, seq_lens, query_start_loc)
-    out = torch.empty_like(q)
+    out = torch.empty(q.shape, dtype=q.dtype, device=q.device)  # contiguous even when q is a view of fused qkv
     config = choose_config(q, k_cache, block_tables)
     for launch in plan(q, k_cache, v_cache, block_tables, seq_lens, query_start_loc, scale, out, config):
         launch.run(q.device)
@@ -180,7 +183,7 @@ def choose_config(q: torch.Tensor, k_cache: torch.Tensor, block_tables: torch.Te
     enough context splits to give every SM work when the tiles alone do not."""
     num_tokens, num_q_heads, num_seqs = q.shape[0], q.shape[1], block_tables.shape[0]
     num_kv_heads, page_size = k_cache.shape[2], k_cache.shape[1]
-    config = dict(CONFIGS["decode" if num_tokens <= 2 * num_seqs else "prefill"])
+    config = base_config("decode" if num_tokens <= 2 * num_seqs else "prefill", q.dtype)
     group = num_q_heads // num_kv_heads
     block_q = max(config["BLOCK_M"], triton.next_power_of_2(group)) // group
     programs = (num_tokens // block_q + num_seqs) * num_kv_heads
@@ -191,6 +194,11 @@ def choose_config(q: torch.Tensor, k_cache: torch.Tensor, block_tables: torch.Te
         num_splits *= 2
     config["NUM_SPLITS"] = num_splits
     return config
+
+
+def base_config(kind: str, dtype: torch.dtype) -> dict:
+    """``CONFIGS[kind]`` with the fp32 overrides applied when ``dtype`` is fp32."""
+    return {**CONFIGS[kind], **(FP32_OVERRIDES.get(kind, {}) if dtype == torch.float32 else {})}
 
 
 def plan(q, k_cache, v_cache, block_tables, seq_lens, query_start_loc, scale, out, config) -> list[Launch]:
@@ -246,7 +254,9 @@ def _check(q, k_cache, v_cache, block_tables, seq_lens, query_start_loc) -> None
     num_q_heads, num_kv_heads = q.shape[1], k_cache.shape[2]
     if q.shape[2] != k_cache.shape[3] or num_q_heads % num_kv_heads != 0:
         raise ValueError(f"q heads/dim {list(q.shape[1:])} do not fit kv heads/dim {list(k_cache.shape[2:])}")
-    num_seqs = seq_lens.shape[0] if seq_lens.dim() == 1 else -1
+    if seq_lens.dim() != 1:
+        raise ValueError(f"seq_lens must be [num_seqs], got {list(seq_lens.shape)}")
+    num_seqs = seq_lens.shape[0]
     check_index("seq_lens", seq_lens, torch.int32, (num_seqs,))
     check_index("query_start_loc", query_start_loc, torch.int32, (num_seqs + 1,))
     if block_tables.dtype != torch.int32 or block_tables.dim() != 2 or block_tables.shape[0] != num_seqs:

@@ -10,7 +10,7 @@ import torch
 
 from kernels import reference
 from kernels.triton import paged_attention
-from kernels.triton.paged_attention_op import CONFIGS, choose_config, plan
+from kernels.triton.paged_attention_op import CONFIGS, base_config, choose_config, plan
 
 NUM_Q_HEADS, NUM_KV_HEADS, HEAD_DIM, BLOCK_SIZE = 9, 3, 64, 16
 SCALE = HEAD_DIM**-0.5
@@ -49,7 +49,7 @@ MIXED = ([40, 17, 33], [1, 17, 5])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
 def test_mixed_batch_matches_reference(dtype):
     batch = make_batch(*MIXED, dtype=dtype)
-    assert choose_config(batch[0], batch[1], batch[3])["BLOCK_M"] == CONFIGS["prefill"]["BLOCK_M"]
+    assert choose_config(batch[0], batch[1], batch[3])["BLOCK_M"] == base_config("prefill", dtype)["BLOCK_M"]
     check(batch, paged_attention(*batch, SCALE))
 
 
