@@ -5,6 +5,7 @@ import torch
 
 import kernels
 from kernels import cpu, reference
+from kernels.cpu import lora as cpu_lora
 
 # (in_features, out_features) of q/o, k/v, gate/up and down in SmolLM2-135M.
 SHAPES = [(576, 576), (576, 192), (576, 1536), (1536, 576)]
@@ -23,11 +24,13 @@ def make_buffers(in_features, out_features, ranks, max_rank, dtype=torch.float32
     return lora_a, lora_b, scales
 
 
-def slots_for(num_tokens, seed, *, with_none=True, sorted_=False):
+def slots_for(num_tokens, seed, *, order="interleaved"):
+    """Random slots with some -1 ("interleaved"), the same sorted ("sorted"), or sorted without -1 ("identity":
+    rows are already in slot order, the path without gathers)."""
     g = torch.Generator().manual_seed(seed)
-    low = -1 if with_none else 0
+    low = 0 if order == "identity" else -1
     slots = torch.randint(low, NUM_SLOTS, (num_tokens,), generator=g, dtype=torch.int32)
-    return slots.sort().values if sorted_ else slots
+    return slots if order == "interleaved" else slots.sort().values
 
 
 def check_against_reference(x, lora_a, lora_b, scales, token_slots, y, atol):
@@ -43,11 +46,11 @@ def check_against_reference(x, lora_a, lora_b, scales, token_slots, y, atol):
 
 @pytest.mark.parametrize("in_features,out_features", SHAPES)
 @pytest.mark.parametrize("max_rank", [1, 8, 16, 64])
-@pytest.mark.parametrize("sorted_", [False, True], ids=["interleaved", "grouped"])
-def test_matches_reference_at_real_sizes(in_features, out_features, max_rank, sorted_):
+@pytest.mark.parametrize("order", ["interleaved", "sorted", "identity"])
+def test_matches_reference_at_real_sizes(in_features, out_features, max_rank, order):
     ranks = [max_rank, max(1, max_rank // 2), 1, max_rank, max(1, max_rank // 4)]  # mixed ranks, zero-padded
     lora_a, lora_b, scales = make_buffers(in_features, out_features, ranks, max_rank, seed=max_rank)
-    token_slots = slots_for(37, seed=in_features + max_rank, sorted_=sorted_)  # odd count, some -1
+    token_slots = slots_for(37, seed=in_features + max_rank, order=order)  # odd count
     x = torch.randn(37, in_features)
     y = torch.randn(37, out_features)
     check_against_reference(x, lora_a, lora_b, scales, token_slots, y, atol=1e-4)
@@ -81,12 +84,25 @@ def test_expand_into_a_column_slice_of_a_fused_output():
     cpu.lora_expand(fused[:, 576:768], h, lora_b, token_slots, scales)
     reference.lora_expand(expected[:, 576:768], h.contiguous(), lora_b, token_slots, scales)
     torch.testing.assert_close(fused, expected, atol=1e-5, rtol=1e-5)
-    for sorted_tokens in (slots_for(23, seed=6, sorted_=True), torch.full((23,), 3, dtype=torch.int32)):
+    for sorted_tokens in (slots_for(23, seed=6, order="sorted"), slots_for(23, seed=6, order="identity"),
+                          torch.full((23,), 3, dtype=torch.int32)):
         out, out_ref = fused.clone(), fused.clone()
         cpu.lora_expand(out[:, 576:768], cpu.lora_shrink(x, lora_a, sorted_tokens), lora_b, sorted_tokens, scales)
         reference.lora_expand(out_ref[:, 576:768], reference.lora_shrink(x, lora_a, sorted_tokens), lora_b,
                               sorted_tokens, scales)
         torch.testing.assert_close(out, out_ref, atol=1e-4, rtol=1e-4)
+
+
+@pytest.mark.parametrize("slots,in_place", [
+    ([2, 2, -1, -1, 0, 0, 0, -1, 4, 4, 2, 2, 2], True),  # runs, base tokens between them, slot 2 twice
+    ([0, 1, 0, 1, 0, 1, 0, 1, -1, 3, 0, 3], False),  # interleaved: gathered in slot order
+])
+def test_runs_in_place_and_gathered_plans(slots, in_place):
+    lora_a, lora_b, scales = make_buffers(1536, 576, [16, 4, 16, 1, 8], 16)
+    token_slots = torch.tensor(slots, dtype=torch.int32)
+    assert (cpu_lora._plan(token_slots).order is None) == in_place
+    x, y = torch.randn(len(slots), 1536), torch.randn(len(slots), 576)
+    check_against_reference(x, lora_a, lora_b, scales, token_slots, y, atol=1e-4)
 
 
 def test_grouping_is_recomputed_when_token_slots_change_in_place():
@@ -102,9 +118,10 @@ def test_grouping_is_recomputed_when_token_slots_change_in_place():
     assert cpu.lora_shrink(x[:0], lora_a, empty).shape == (0, 8)
 
 
-def test_bf16_matches_reference():
+@pytest.mark.parametrize("order", ["interleaved", "identity"])
+def test_bf16_matches_reference(order):
     lora_a, lora_b, scales = make_buffers(576, 1536, [16, 8, 1, 16, 4], 16, dtype=torch.bfloat16)
-    token_slots = slots_for(19, seed=7)
+    token_slots = slots_for(19, seed=7, order=order)
     x, y = torch.randn(19, 576, dtype=torch.bfloat16), torch.randn(19, 1536, dtype=torch.bfloat16)
     check_against_reference(x, lora_a, lora_b, scales, token_slots, y, atol=2e-2)
 
