@@ -6,7 +6,9 @@ Device buffers, per target module (all seven, so any adapter fits any slot), zer
   ``scales``: ``[num_slots]`` fp32 (0 for a free slot)
 so ``lora_a[module][layer]`` is the contiguous ``[num_slots, max_rank, in]`` stack that ``kernels.lora_shrink``
 takes (see :meth:`AdapterSlotCache.layer_weights`). Rows/columns past an adapter's rank, and the modules it does not
-adapt, are zero, so they add nothing.
+adapt, are zero, so they add nothing. (in, out) per module come from the fingerprint; for SmolLM2-135M (hidden 576,
+intermediate 1536, 9 query and 3 KV heads of 64): q_proj and o_proj (576, 576), k_proj and v_proj (576, 192),
+gate_proj and up_proj (576, 1536), down_proj (1536, 576).
 
 Tiers: ``loading`` (on the loader thread) -> ``host`` (LRU of ``max_cpu_loras`` LoadedAdapters) -> ``resident``
 (in a slot; LRU over unpinned slots). A slot is pinned while running sequences use it (:meth:`acquire` /

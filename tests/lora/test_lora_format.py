@@ -3,6 +3,7 @@
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -32,6 +33,7 @@ from tests.support.peft_factory import (
     write_wrong_shape_adapter,
 )
 
+ROOT = Path(__file__).resolve().parents[2]
 SMOLLM2_CONFIG = {
     "hidden_size": 576, "intermediate_size": 1536, "num_hidden_layers": 30, "num_attention_heads": 9,
     "num_key_value_heads": 3, "head_dim": 64, "vocab_size": 49152, "model_type": "llama",
@@ -51,7 +53,7 @@ def config_of(adapter_dir) -> dict:
 
 def test_importing_format_does_not_import_torch_or_numpy():
     code = "import sys, engine.lora.format; print(sorted(m for m in ('torch', 'numpy') if m in sys.modules))"
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=ROOT).stdout
     assert out.strip() == "[]"
 
 
@@ -71,7 +73,7 @@ def test_fingerprint_defaults_and_digest():
     smollm2 = ModelFingerprint.from_hf_config(SMOLLM2_CONFIG)
     assert fp.digest != smollm2.digest and len(smollm2.digest) == 16
     code = f"from engine.lora.fingerprint import ModelFingerprint as F; print(F(**{smollm2.to_dict()!r}).digest)"
-    env_run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+    env_run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=ROOT,
                              env={"PYTHONHASHSEED": "123", "PATH": "/usr/bin"})
     assert env_run.stdout.strip() == smollm2.digest
 
