@@ -42,6 +42,12 @@ _UNSUPPORTED_MODULES = ("lm_head", "model.embed_tokens")
 _NESTED_REPEAT = re.compile(r"\([^()]*[*+}][^()]*\)[*+{]")
 
 
+def _shown(value: object) -> str:
+    """repr of a user-supplied value, cut short: messages must stay readable whatever the upload holds."""
+    text = repr(value)
+    return text if len(text) <= 100 else text[:97] + "..."
+
+
 def parse_adapter_config(raw: bytes) -> dict:
     """Parse ``adapter_config.json``'s bytes (size-capped) into a dict, or raise ``config_invalid``."""
     if len(raw) > MAX_CONFIG_BYTES:
@@ -86,47 +92,50 @@ class AdapterConfig:
 def _check_kind(config: dict) -> None:
     if config.get("peft_type") != "LORA":
         raise AdapterFormatError(
-            "unsupported_peft_type", f"peft_type is {config.get('peft_type')!r}; only LORA adapters are served"
+            "unsupported_peft_type", f"peft_type is {_shown(config.get('peft_type'))}; only LORA adapters are served"
         )
     if config.get("task_type") not in (None, "CAUSAL_LM"):
         raise AdapterFormatError(
-            "unsupported_feature", f"task_type {config['task_type']!r} is not served; expected CAUSAL_LM"
+            "unsupported_feature", f"task_type {_shown(config['task_type'])} is not served; expected CAUSAL_LM"
         )
     if config.get("modules_to_save"):
         raise AdapterFormatError(
             "modules_to_save",
-            f"modules_to_save ({config['modules_to_save']!r}) replaces whole base modules; only LoRA deltas are served",
+            f"modules_to_save ({_shown(config['modules_to_save'])}) replaces whole base modules; "
+            "only LoRA deltas are served",
         )
     if config.get("bias", "none") != "none":
-        raise AdapterFormatError("unsupported_bias", f"bias is {config['bias']!r}; only 'none' is supported")
+        raise AdapterFormatError("unsupported_bias", f"bias is {_shown(config['bias'])}; only 'none' is supported")
 
 
 def _check_features(config: dict) -> None:
     for key, what in _UNSUPPORTED.items():
         if config.get(key):
-            raise AdapterFormatError("unsupported_feature", f"{what} is not supported ({key}={config[key]!r})")
+            raise AdapterFormatError("unsupported_feature", f"{what} is not supported ({key}={_shown(config[key])})")
     init = config.get("init_lora_weights", True)
     if not (type(init) is bool or (type(init) is str and init in _PLAIN_INITS)):
         raise AdapterFormatError(
             "unsupported_feature",
-            f"init_lora_weights={init!r} modifies the base model or the forward pass; convert the adapter to "
+            f"init_lora_weights={_shown(init)} modifies the base model or the forward pass; convert the adapter to "
             "plain LoRA (save_pretrained with path_initial_model_for_weight_conversion)",
         )
     for key in sorted(set(config) - _UNDERSTOOD - set(_UNSUPPORTED)):
         if config[key]:
-            raise AdapterFormatError("unsupported_feature", f"unknown adapter_config field {key}={config[key]!r}")
+            raise AdapterFormatError(
+                "unsupported_feature", f"unknown adapter_config field {key[:100]}={_shown(config[key])}"
+            )
 
 
 def _check_numbers(config: dict, max_rank: int) -> tuple[int, float, bool]:
     rank, alpha, use_rslora = config.get("r"), config.get("lora_alpha"), config.get("use_rslora", False)
     if type(rank) is not int or rank < 1:
-        raise AdapterFormatError("config_invalid", f"r must be a positive integer, got {rank!r}")
+        raise AdapterFormatError("config_invalid", f"r must be a positive integer, got {_shown(rank)}")
     if rank > max_rank:
         raise AdapterFormatError("rank_too_large", f"rank {rank} exceeds the engine's max_lora_rank {max_rank}")
     if type(alpha) not in (int, float) or not math.isfinite(alpha) or alpha <= 0:
-        raise AdapterFormatError("config_invalid", f"lora_alpha must be a positive number, got {alpha!r}")
+        raise AdapterFormatError("config_invalid", f"lora_alpha must be a positive number, got {_shown(alpha)}")
     if type(use_rslora) is not bool:
-        raise AdapterFormatError("config_invalid", f"use_rslora must be true or false, got {use_rslora!r}")
+        raise AdapterFormatError("config_invalid", f"use_rslora must be true or false, got {_shown(use_rslora)}")
     return rank, float(alpha), use_rslora
 
 
@@ -153,7 +162,7 @@ def _layer_filter(config: dict, fingerprint: ModelFingerprint) -> set[int] | Non
     wanted = [wanted] if type(wanted) is int else wanted
     if not isinstance(wanted, list) or not all(type(i) is int and i >= 0 for i in wanted):
         raise AdapterFormatError(
-            "config_invalid", f"layers_to_transform must be a layer index or a list of them, got {wanted!r}"
+            "config_invalid", f"layers_to_transform must be a layer index or a list of them, got {_shown(wanted)}"
         )
     for index in wanted:
         if index >= fingerprint.num_hidden_layers:
@@ -163,7 +172,7 @@ def _layer_filter(config: dict, fingerprint: ModelFingerprint) -> set[int] | Non
             )
     if config.get("layers_pattern") not in (None, "", [], "layers", ["layers"]):
         raise AdapterFormatError(
-            "unsupported_feature", f"layers_pattern {config['layers_pattern']!r}; Llama layers are 'layers'"
+            "unsupported_feature", f"layers_pattern {_shown(config['layers_pattern'])}; Llama layers are 'layers'"
         )
     return set(wanted)
 
@@ -171,11 +180,11 @@ def _layer_filter(config: dict, fingerprint: ModelFingerprint) -> set[int] | Non
 def _compile(pattern: str, field: str) -> re.Pattern:
     # Python's re has no timeout: refuse nested repetition like (a+)+ that can backtrack for hours.
     if len(pattern) > 1024 or _NESTED_REPEAT.search(pattern):
-        raise AdapterFormatError("config_invalid", f"{field} regex {pattern!r} is too long or nests repetition")
+        raise AdapterFormatError("config_invalid", f"{field} regex {_shown(pattern)} is too long or nests repetition")
     try:
         return re.compile(pattern)
     except re.error as exc:
-        raise AdapterFormatError("config_invalid", f"{field} regex {pattern!r} is invalid: {exc}") from None
+        raise AdapterFormatError("config_invalid", f"{field} regex {_shown(pattern)} is invalid: {exc}") from None
 
 
 def _is_excluded(config: dict, key: str) -> bool:
@@ -195,7 +204,7 @@ def _targets(config: dict) -> str | list[str]:
         return list(TARGET_MODULES) if targets.lower() == "all-linear" else targets
     if not isinstance(targets, list) or not targets or not all(isinstance(t, str) and t for t in targets):
         raise AdapterFormatError(
-            "config_invalid", f"target_modules must be a non-empty list of names or a regex, got {targets!r}"
+            "config_invalid", f"target_modules must be a non-empty list of names or a regex, got {_shown(targets)}"
         )
     return targets
 
@@ -210,7 +219,8 @@ def _matched_names(config: dict, names: dict, fingerprint: ModelFingerprint) -> 
         if not any(_list_matches([target], key)[0] for key in names):
             raise AdapterFormatError(
                 "unknown_target_module",
-                f"target module {target!r} matches no module of the base model; supported: {', '.join(TARGET_MODULES)}",
+                f"target module {_shown(target)} matches no module of the base model; "
+                f"supported: {', '.join(TARGET_MODULES)}",
             )
     layer_filter = _layer_filter(config, fingerprint)
     matched = []
@@ -230,7 +240,7 @@ def _adapted_layers(config: dict, fingerprint: ModelFingerprint) -> dict[str, tu
         if names[key] is None:
             raise AdapterFormatError(
                 "unknown_target_module",
-                f"target module {key!r} is not supported; the engine serves LoRA on {', '.join(TARGET_MODULES)}",
+                f"target module {_shown(key)} is not supported; the engine serves LoRA on {', '.join(TARGET_MODULES)}",
             )
     layers: dict[str, list[int]] = {}
     for key in matched:
