@@ -105,7 +105,7 @@ class QuotaForm(forms.Form):
             self.fields[name] = forms.IntegerField(
                 required=False, min_value=1, max_value=2**63 - 1, label=self.LABELS[name],
                 help_text=f"Platform default: {defaults[name]:,}. Leave empty to use it.",
-                widget=forms.NumberInput(attrs={"placeholder": f"{defaults[name]:,} (default)"}),
+                widget=forms.NumberInput(attrs={"placeholder": "default"}),
             )
 
     def changes(self) -> dict[str, int | None]:

@@ -1,5 +1,6 @@
 """A tenant's overview: today and this month against its quota."""
 
+import calendar
 from datetime import UTC
 
 from django.contrib.auth.decorators import login_required
@@ -10,9 +11,9 @@ from console.views.common import render_page
 from tenants import selectors, usage_days
 
 
-def share(used: int, limit: int) -> float:
-    """Percent of `limit` used, for a bar (capped at 100; the number beside it tells the rest)."""
-    return min(100.0, round(100 * used / limit, 1)) if limit else 0.0
+def share(used: int, limit: float) -> float:
+    """Percent of `limit` used, for a bar (the bar stops at 100; the number beside it tells the rest)."""
+    return round(100 * used / limit, 1) if limit else 0.0
 
 
 @login_required
@@ -22,13 +23,18 @@ def overview(request, slug: str):
     quota = selectors.quota_effective(tenant=access.tenant)
     month = usage_days.usage_totals(tenant=access.tenant, since=today.replace(day=1), until=today, today=today)
     day = usage_days.usage_totals(tenant=access.tenant, since=today, until=today, today=today)
+    days_in_month = calendar.monthrange(today.year, today.month)[1]
+    # The monthly budget spread evenly over the month's days: above 100% today, the month runs out early.
+    daily_share = quota.monthly_tokens / days_in_month
     context = {
         "today": today,
+        "days_in_month": days_in_month,
         "quota": quota,
         "month": month,
         "day": day,
         "month_share": share(month["tokens"], quota.monthly_tokens),
-        "day_share": share(day["tokens"], quota.monthly_tokens),
+        "daily_share": round(daily_share),
+        "day_share": share(day["tokens"], daily_share),
         "tokens_left": max(0, quota.monthly_tokens - month["tokens"]),
     }
     return render_page(request, "console/tenant/overview.html", context, access=access, nav="overview")

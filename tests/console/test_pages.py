@@ -67,7 +67,9 @@ def test_overview_against_quota(cast, client_as):
     assert (response.context["day"]["tokens"], response.context["day"]["num_requests"]) == (200, 2)
     assert response.context["month"]["tokens"] == month_tokens
     assert response.context["month_share"] == month_tokens / 10
-    assert response.context["day_share"] == 20.0
+    days_in_month = response.context["days_in_month"]
+    assert response.context["daily_share"] == round(1000 / days_in_month)
+    assert response.context["day_share"] == round(100 * 200 / (1000 / days_in_month), 1)
     html = response.content.decode()
     assert 'max="1000"' in html and f'value="{month_tokens}"' in html and "<meter" in html
 

@@ -50,17 +50,23 @@
     return label === OTHER ? OTHER_COLOUR : PALETTE[index % PALETTE.length];
   }
 
+  function shortDay(iso) {
+    return new Date(iso + "T00:00:00Z").toLocaleDateString("en", { month: "short", day: "numeric", timeZone: "UTC" });
+  }
+
+  var dayAxis = { ticks: { maxRotation: 0, autoSkip: true, autoSkipPadding: 12 } };
+
   function stackedChart(data, metric) {
     return {
       type: "bar",
       data: {
-        labels: data.days,
+        labels: data.days.map(shortDay),
         datasets: data.series.map(function (label, i) {
           return { label: label, data: data[metric][label], backgroundColor: colour(label, i), stack: "usage" };
         }),
       },
       options: {
-        scales: { x: { stacked: true }, y: { stacked: true, beginAtZero: true, ticks: { precision: 0 } } },
+        scales: { x: Object.assign({ stacked: true }, dayAxis), y: { stacked: true, beginAtZero: true, ticks: { precision: 0 } } },
         plugins: { legend: { position: "bottom" } },
       },
     };
@@ -73,9 +79,9 @@
     };
     return {
       type: "line",
-      data: { labels: data.days, datasets: [line("p50", data.p50, "#0072b2", []), line("p95", data.p95, "#b35c00", [6, 4])] },
+      data: { labels: data.days.map(shortDay), datasets: [line("p50", data.p50, "#0072b2", []), line("p95", data.p95, "#b35c00", [6, 4])] },
       options: {
-        scales: { y: { beginAtZero: true, title: { display: true, text: "milliseconds" } } },
+        scales: { x: dayAxis, y: { beginAtZero: true, title: { display: true, text: "milliseconds" } } },
         plugins: { legend: { position: "bottom" } },
       },
     };
