@@ -2,6 +2,7 @@
 across the platform."""
 
 from datetime import UTC
+from urllib.parse import urlencode
 
 from django.contrib import messages
 from django.core.exceptions import ValidationError
@@ -56,7 +57,11 @@ def set_status(request, slug: str):
         verb = "suspended: its keys are refused from the next request" if status == Tenant.Status.SUSPENDED \
             else "active again"
         messages.success(request, f"{tenant.name} is {verb}.")
-    return back_to("console:operator-tenants")
+    response = back_to("console:operator-tenants")
+    search = TenantSearchForm({"q": request.POST.get("q", ""), "status": request.POST.get("filter_status", "")})
+    if search.is_valid() and any(search.cleaned_data.values()):
+        response["Location"] += "?" + urlencode(search.cleaned_data)  # back to the same search
+    return response
 
 
 @operator_required

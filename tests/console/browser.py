@@ -28,9 +28,9 @@ def screenshot_dir() -> Path:
     return folder
 
 
-def save_screenshot(page: Page, name: str) -> Path:
+def save_screenshot(page: Page, name: str, *, full_page: bool = False) -> Path:
     path = screenshot_dir() / f"{name}.png"
-    page.screenshot(path=path, animations="disabled", caret="hide")
+    page.screenshot(path=path, animations="disabled", caret="hide", full_page=full_page)
     return path
 
 

@@ -201,7 +201,7 @@ def test_operator_changes_a_quota_and_finds_it_in_the_history(chromium, world):
     expect(newest).to_contain_text(re.compile(r"80,000\s+5,000\s+ops@platform\.test"))
     expect(page.get_by_test_id("effective-monthly_tokens")).to_have_text("5,000")
     assert_accessible(page)
-    save_screenshot(page, "operator-quota")
+    save_screenshot(page, "operator-quota", full_page=True)
 
     page.goto("/t/acme/")
     expect(page.locator("#month-meter")).to_have_attribute("max", "5000")
@@ -221,8 +221,13 @@ def test_operator_changes_a_quota_and_finds_it_in_the_history(chromium, world):
 
 def test_outsider_sees_nothing_of_the_tenant(chromium, world):
     page = new_page(chromium, world.base_url)
+    page.goto("/login/")
+    assert_accessible(page)
     sign_in(page, world.base_url, world.outsider.email)
     expect(page).to_have_url(f"{world.base_url}/t/globex/")
+    for path in ("/password/", "/t/globex/adapters/"):  # the pages no other test visits
+        page.goto(path)
+        assert_accessible(page)
     expect(page.locator("body")).not_to_contain_text("Acme")
     for path in ("/t/acme/", "/t/acme/usage/", "/t/acme/keys/", "/t/acme/members/", "/operator/tenants/"):
         response = page.goto(path)

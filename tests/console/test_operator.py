@@ -41,6 +41,8 @@ def test_suspend_and_reactivate(cast, client_as):
     operator.post(url, {"status": "active"})
     assert Tenant.objects.get(pk=cast.tenant.pk).status == Tenant.Status.ACTIVE
     assert "Unknown status" in operator.post(url, {"status": "gone"}, follow=True).content.decode()
+    kept = operator.post(url, {"status": "active", "q": "ten", "filter_status": "active"})
+    assert kept["Location"] == reverse("console:operator-tenants") + "?q=ten&status=active"  # the same search
 
 
 def test_quota_editor_saves_overrides_and_shows_the_audit_trail(cast, client_as):
