@@ -12,4 +12,5 @@ urlpatterns = [
     path("api/docs/", SpectacularSwaggerView.as_view(url_name="schema"), name="api-docs"),
     path("api/redoc/", SpectacularRedocView.as_view(url_name="schema"), name="api-redoc"),
     path("api-auth/", include("rest_framework.urls")),  # sign-in for the browsable API
+    path("", include("console.urls")),  # the web console, last: its pages sit at the site root
 ]
