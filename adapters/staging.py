@@ -25,6 +25,9 @@ class StagedFile(UploadedFile):
         super().__init__(file=None, name=name, content_type=None, size=size)
         self.key = key
 
+    def close(self) -> None:
+        pass  # nothing open here (Django closes every uploaded file when the request ends)
+
 
 class S3StagingUploadHandler(FileUploadHandler):
     def __init__(self, request, *, store: ObjectStore, upload_uuid, part_bytes: int):

@@ -34,13 +34,13 @@ def adapter_create(*, tenant: Tenant, name: str, description: str = "", created_
     _check_description(description)
     tenant = lock_tenant(tenant)
     check_tenant_active(tenant)
+    if Adapter.objects.filter(tenant=tenant, name=name, deleted_at__isnull=True).exists():
+        raise ValidationError({"name": f"An adapter named {name!r} exists."})
     limit = quota_effective(tenant=tenant).max_adapters
     count = adapter_count(tenant=tenant)
     if count >= limit:
         raise QuotaExceeded(f"The tenant has {count} adapters; its quota allows {limit}.",
                             code="adapter_quota_exceeded")
-    if Adapter.objects.filter(tenant=tenant, name=name, deleted_at__isnull=True).exists():
-        raise ValidationError({"name": f"An adapter named {name!r} exists."})
     return Adapter.objects.create(tenant=tenant, name=name, description=description, created_by=created_by)
 
 
