@@ -13,7 +13,7 @@ from adapters.services.uploads import (
     upload_record_received,
     uploads_expire,
 )
-from adapters.services.validation import adapter_version_validate
+from adapters.services.validation import adapter_version_validate, adapter_versions_revalidate_stale
 
 __all__ = [
     "adapter_create",
@@ -23,6 +23,7 @@ __all__ = [
     "adapter_version_delete",
     "adapter_version_purge",
     "adapter_version_validate",
+    "adapter_versions_revalidate_stale",
     "check_upload_size",
     "part_sizes",
     "registry_sweep",

@@ -13,9 +13,16 @@ from tenants.selectors import quota_effective
 MAX_DESCRIPTION = 2000
 
 
+def locked(queryset):
+    """The rows, locked until the transaction ends: FOR NO KEY UPDATE of the model's own table only, so joins
+    lock no parent rows and inserts of children (which take KEY SHARE on their parents) are not blocked.
+    Every service takes its locks in one order: tenant, adapter, upload, version."""
+    return queryset.select_for_update(no_key=True, of=("self",))
+
+
 def lock_tenant(tenant: Tenant) -> Tenant:
     """Serialize the quota checks of one tenant (count and storage) for the rest of the transaction."""
-    return Tenant.objects.select_for_update().get(pk=tenant.pk)
+    return locked(Tenant.objects).get(pk=tenant.pk)
 
 
 def check_tenant_active(tenant: Tenant) -> None:
@@ -52,7 +59,7 @@ def _check_description(description: str) -> None:
 @transaction.atomic
 def adapter_update(*, tenant: Tenant, adapter: Adapter, description: str) -> Adapter:
     _check_description(description)
-    adapter = Adapter.objects.select_for_update().get(pk=adapter.pk, tenant=tenant, deleted_at__isnull=True)
+    adapter = locked(Adapter.objects).get(pk=adapter.pk, tenant=tenant, deleted_at__isnull=True)
     adapter.description = description
     adapter.save(update_fields=["description", "updated_at"])
     return adapter
@@ -64,7 +71,7 @@ def adapter_delete(*, tenant: Tenant, adapter: Adapter) -> None:
     its pending uploads; a Celery task then unloads them from every engine and purges their objects."""
     from adapters import tasks
 
-    adapter = Adapter.objects.select_for_update().get(pk=adapter.pk, tenant=tenant, deleted_at__isnull=True)
+    adapter = locked(Adapter.objects).get(pk=adapter.pk, tenant=tenant, deleted_at__isnull=True)
     now = timezone.now()
     adapter.deleted_at = now
     adapter.save(update_fields=["deleted_at", "updated_at"])
@@ -80,7 +87,7 @@ def adapter_version_delete(*, tenant: Tenant, version: AdapterVersion) -> None:
     """Soft-delete one version now (the adapter's name then resolves to its newest other ready version)."""
     from adapters import tasks
 
-    version = AdapterVersion.objects.select_for_update().get(
+    version = locked(AdapterVersion.objects).get(
         pk=version.pk, adapter__tenant=tenant, deleted_at__isnull=True)
     version.deleted_at = timezone.now()
     version.save(update_fields=["deleted_at"])

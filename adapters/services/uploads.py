@@ -17,7 +17,7 @@ from django.utils import timezone
 from adapters.errors import LengthRequired, StoreUnavailableError, UploadStateError, UploadTooLarge
 from adapters.models import Adapter, AdapterUpload, AdapterVersion
 from adapters.selectors import adapter_storage_used
-from adapters.services.adapters import check_tenant_active, lock_tenant
+from adapters.services.adapters import check_tenant_active, lock_tenant, locked
 from adapters.services.purge import upload_staging_purge
 from adapters.staging import MAX_FILES
 from adapters.storage import ObjectMissing, StoreUnavailable, object_store, staging_key, version_prefix
@@ -170,12 +170,12 @@ def _finish_multipart(store, item: dict) -> None:
 def _complete(*, tenant: Tenant, upload: AdapterUpload, files: list[dict]) -> AdapterVersion:
     from adapters import tasks
 
-    upload = AdapterUpload.objects.select_for_update().get(pk=upload.pk, tenant=tenant)
+    adapter = locked(Adapter.objects).get(pk=upload.adapter_id)
+    upload = locked(AdapterUpload.objects).get(pk=upload.pk, tenant=tenant)
     if upload.status != AdapterUpload.Status.PENDING:
         raise UploadStateError(f"The upload is {upload.status}.")
     if upload.presigned and upload.expires_at <= timezone.now():
         raise UploadStateError("The upload has expired; start a new one.", code="upload_expired")
-    adapter = Adapter.objects.select_for_update().get(pk=upload.adapter_id)
     if adapter.deleted_at is not None:
         raise UploadStateError("The adapter has been deleted.", code="adapter_deleted")
     number = adapter.next_version
@@ -196,7 +196,7 @@ def _complete(*, tenant: Tenant, upload: AdapterUpload, files: list[dict]) -> Ad
 def upload_abort(*, tenant: Tenant, upload: AdapterUpload) -> AdapterUpload:
     """Abort a pending upload (its quota reservation ends now) and remove what it staged."""
     with transaction.atomic():
-        upload = AdapterUpload.objects.select_for_update().get(pk=upload.pk, tenant=tenant)
+        upload = locked(AdapterUpload.objects).get(pk=upload.pk, tenant=tenant)
         if upload.status == AdapterUpload.Status.COMPLETED:
             raise UploadStateError("The upload is completed; delete its version instead.")
         if upload.status == AdapterUpload.Status.PENDING:

@@ -8,6 +8,7 @@ simply run again from the staged bytes, which stay until the version is finished
 
 import logging
 import tempfile
+from datetime import timedelta
 from pathlib import Path
 
 from django.conf import settings
@@ -20,7 +21,7 @@ from adapters.engine_client import EngineError, adapter_source, unload_everywher
 from adapters.errors import TransientFailure
 from adapters.models import AdapterUpload, AdapterVersion
 from adapters.selectors import adapter_storage_used
-from adapters.services.adapters import lock_tenant
+from adapters.services.adapters import lock_tenant, locked
 from adapters.services.purge import UNLOAD_TIMEOUT_S, upload_staging_purge
 from adapters.storage import ObjectMissing, ObjectTooLarge, StoreUnavailable, object_store, version_uri
 from adapters.validation import ReceivedFile, ValidatedAdapter, validate_upload
@@ -29,6 +30,8 @@ from tenants.selectors import quota_effective
 
 logger = logging.getLogger(__name__)
 Status = AdapterVersion.Status
+# A validation takes seconds (minutes with every retry); one unfinished after this lost its task.
+STALE_VALIDATION = timedelta(minutes=30)
 
 
 class _Refused(Exception):
@@ -61,8 +64,7 @@ def adapter_version_validate(*, version_id: int, final_attempt: bool = True) -> 
 
 def _begin(version_id: int) -> AdapterVersion | None:
     with transaction.atomic():
-        version = (AdapterVersion.objects.select_for_update().select_related("adapter__tenant")
-                   .filter(pk=version_id).first())
+        version = locked(AdapterVersion.objects.select_related("adapter__tenant")).filter(pk=version_id).first()
         if version is None or version.deleted_at is not None or version.is_finished:
             return None
         version.status = Status.VALIDATING
@@ -135,9 +137,11 @@ def _finish(version: AdapterVersion, result: ValidatedAdapter, fingerprint: Mode
             warm_loaded: bool) -> None:
     now = timezone.now()
     with transaction.atomic():
-        current = AdapterVersion.objects.select_for_update().get(pk=version.pk)
-        deleted = current.deleted_at is not None
-        if not deleted:
+        current = locked(AdapterVersion.objects).get(pk=version.pk)
+        # Deleted meanwhile (its purge may have run before these objects were stored), or failed by a
+        # concurrent run that removed its objects: nothing of this run may stay.
+        discard = current.deleted_at is not None or current.status == Status.FAILED
+        if not discard:
             spec = result.spec
             AdapterVersion.objects.filter(pk=version.pk).update(
                 status=Status.READY, failure_code="", failure_reason="", size_bytes=result.size_bytes,
@@ -145,19 +149,19 @@ def _finish(version: AdapterVersion, result: ValidatedAdapter, fingerprint: Mode
                 spec=spec.to_dict(), base_fingerprint=fingerprint.digest, validated_at=now,
                 warm_loaded_at=now if warm_loaded else None,
             )
-    if deleted:  # deleted while being validated: its purge may have run before these objects were stored
+    if discard:
         _remove_objects(version, unload=True)
     else:
         upload_staging_purge(AdapterUpload.objects.get(version=version))
 
 
 def _fail(version: AdapterVersion, code: str, message: str) -> None:
-    """Remove whatever this version stored, then record why it failed."""
-    removed = _remove_objects(version, unload=False)
+    """Remove whatever this version stored, then record why it failed (unless a concurrent run finished it)."""
     with transaction.atomic():
-        current = AdapterVersion.objects.select_for_update().get(pk=version.pk)
+        current = locked(AdapterVersion.objects).get(pk=version.pk)
         if current.is_finished:
             return
+        removed = _remove_objects(version, unload=False)
         current.status, current.failure_code, current.failure_reason = Status.FAILED, code[:64], message[:4000]
         current.validated_at = timezone.now()
         current.purged_at = current.validated_at if removed else None  # else the sweep finishes the removal
@@ -175,3 +179,16 @@ def _remove_objects(version: AdapterVersion, *, unload: bool) -> bool:
         return False
     upload = AdapterUpload.objects.filter(version=version).first()
     return upload is None or upload_staging_purge(upload)
+
+
+def adapter_versions_revalidate_stale() -> int:
+    """Enqueue validation again for versions whose task was lost (a broker outage, a task that crashed on its
+    last attempt); validation is idempotent, so a slow one running twice does no harm. How many."""
+    from adapters import tasks
+
+    stale = AdapterVersion.objects.filter(status__in=[Status.UPLOADED, Status.VALIDATING], deleted_at__isnull=True,
+                                          created_at__lt=timezone.now() - STALE_VALIDATION)
+    ids = list(stale.values_list("pk", flat=True))
+    for version_id in ids:
+        tasks.adapter_version_validate.delay(version_id)
+    return len(ids)
