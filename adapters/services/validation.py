@@ -12,7 +12,7 @@ from datetime import timedelta
 from pathlib import Path
 
 from django.conf import settings
-from django.core.exceptions import ImproperlyConfigured
+from django.core.exceptions import ImproperlyConfigured, ObjectDoesNotExist
 from django.db import transaction
 from django.utils import timezone
 
@@ -59,7 +59,12 @@ def adapter_version_validate(*, version_id: int, final_attempt: bool = True) -> 
             raise TransientFailure(str(exc)) from exc
         code = exc.code if isinstance(exc, EngineError) else "store_unavailable"
         _fail(version, code, getattr(exc, "message", str(exc)))
-    return AdapterVersion.objects.values_list("status", flat=True).get(pk=version_id)
+    except ObjectDoesNotExist:
+        # The rows went away under us (their tenant was deleted): nothing is left to validate; the objects
+        # stored meanwhile sit under a prefix no row names and are left to the bucket's lifecycle rules.
+        logger.info("adapter version %s vanished during validation", version_id)
+        return None
+    return AdapterVersion.objects.filter(pk=version_id).values_list("status", flat=True).first()
 
 
 def _begin(version_id: int) -> AdapterVersion | None:

@@ -215,3 +215,25 @@ def test_versions_list_filters_by_status(owner, cast, tiny_good_adapter, tiny_ca
     failed = owner.get(versions_path(cast) + "?status=failed").json()["results"]
     assert [(v["version"], v["failure_code"]) for v in failed] == [(2, "truncated")]
     assert [v["version"] for v in owner.get(versions_path(cast)).json()["results"]] == [2, 1]
+
+
+CSRF = "s" * 32  # a well-formed CSRF secret, sent as cookie and header alike
+
+
+@pytest.mark.parametrize(("token_in", "status"), [("header", 202), ("form", 403), ("nowhere", 403)])
+def test_a_session_upload_carries_its_csrf_token_in_the_header(cast, s3, tiny_base, tiny_good_adapter, token_in,
+                                                               status):
+    from django.test import Client
+
+    services.adapter_create(tenant=cast.tenant, name="sql")
+    client = Client(enforce_csrf_checks=True)
+    client.force_login(cast.owner)
+    client.cookies["csrftoken"] = CSRF
+    with open(tiny_good_adapter / CONFIG, "rb") as config, open(tiny_good_adapter / WEIGHTS, "rb") as weights:
+        data = {"files": [config, weights], **({"csrfmiddlewaretoken": CSRF} if token_in == "form" else {})}
+        headers = {"HTTP_X_CSRFTOKEN": CSRF} if token_in == "header" else {}
+        response = client.post(versions_path(cast), data, **headers)
+    assert response.status_code == status, response.content[:300]
+    if status == 403:  # the check never parsed the body, so nothing was staged or reserved
+        assert "CSRF" in response.json()["errors"][0]["detail"]
+        assert not AdapterUpload.objects.filter(tenant=cast.tenant).exists()
