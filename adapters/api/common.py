@@ -38,7 +38,11 @@ TAGGED = extend_schema(tags=["adapters"])
 
 
 def error_responses(*statuses: int) -> dict:
-    return {status: ErrorResponseSerializer for status in statuses}
+    """Error responses to document beside the automatic ones; 403 (role too low) for every write."""
+    from drf_standardized_errors.openapi_serializers import ErrorResponse403Serializer
+
+    return {status: ErrorResponse403Serializer if status == 403 else ErrorResponseSerializer
+            for status in (403, *statuses)}
 
 
 def adapter_access(request, slug: str, name: str, *, need: str = READ_ROLE) -> tuple[TenantAccess, Adapter]:

@@ -24,10 +24,11 @@ def folder_files(folder: Path, *names: str) -> tuple[Path, ...]:
     return tuple(Path(folder) / name for name in (names or (CONFIG, WEIGHTS)))
 
 
-def adapter_cases(*, good: Path, fingerprint: ModelFingerprint, tiny_model: Path, other_model: Path,
+def adapter_cases(*, good: Path, fingerprint: ModelFingerprint, max_rank: int, tiny_model: Path, other_model: Path,
                   root: Path) -> dict[str, UploadCase]:
     """Bad adapter folders: each reaches `failed` with its own code. ``good`` fits ``fingerprint`` (the served
-    model); ``tiny_model`` is any small Llama; ``other_model`` has the served model's layer count, other widths."""
+    model) and ``max_rank`` is the validator's limit; ``tiny_model`` is any small Llama; ``other_model`` has the
+    served model's layer count, other widths."""
     root.mkdir(parents=True, exist_ok=True)
     q_out = fingerprint.module_shape("q_proj")[1]
     bad_out = q_out - 64 if q_out > 64 else q_out // 2  # SmolLM2: [512, 8] where [576, 8] belongs
@@ -49,8 +50,9 @@ def adapter_cases(*, good: Path, fingerprint: ModelFingerprint, tiny_model: Path
         "wrong_shape": UploadCase(folder_files(wrong), "shape_mismatch",
                                   f"lora_B of layers.1.self_attn.q_proj has shape [{bad_out}, 8], "
                                   f"expected [{q_out}, 8]"),
-        "rank_over_limit": UploadCase(folder_files(pf.make_peft_adapter(tiny_model, root / "r65", rank=65)),
-                                      "rank_too_large", "rank 65 exceeds the engine's max_lora_rank 64"),
+        "rank_over_limit": UploadCase(
+            folder_files(pf.make_peft_adapter(tiny_model, root / "over", rank=max_rank + 1)), "rank_too_large",
+            f"rank {max_rank + 1} exceeds the engine's max_lora_rank {max_rank}"),
         "unknown_module": UploadCase(
             folder_files(pf.make_peft_adapter(tiny_model, root / "lm_head", target_modules=["q_proj", "lm_head"])),
             "unknown_target_module", "'lm_head' is not supported"),

@@ -71,8 +71,8 @@ def tiny_good_adapter(tiny_model_dir, tmp_path_factory) -> Path:
 def tiny_cases(tiny_model_dir, tiny_fingerprint, tiny_good_adapter, tmp_path_factory) -> dict:
     root = tmp_path_factory.mktemp("tiny_cases")
     other = other_model_for(tiny_fingerprint, root / "other_model")
-    return {**adapter_cases(good=tiny_good_adapter, fingerprint=tiny_fingerprint, tiny_model=tiny_model_dir,
-                            other_model=other, root=root / "adapters"),
+    return {**adapter_cases(good=tiny_good_adapter, fingerprint=tiny_fingerprint, max_rank=64,
+                            tiny_model=tiny_model_dir, other_model=other, root=root / "adapters"),
             **archive_cases(good=tiny_good_adapter, root=root / "archives")}
 
 
@@ -109,9 +109,22 @@ def served_good_adapter(served_model_dir, tmp_path_factory) -> Path:
 
 
 @pytest.fixture(scope="session")
-def served_cases(served_fingerprint, served_good_adapter, tiny_model_dir, tmp_path_factory) -> dict:
+def served_cases(stack, served_fingerprint, served_good_adapter, tiny_model_dir, tmp_path_factory) -> dict:
     root = tmp_path_factory.mktemp("served_cases")
     other = other_model_for(served_fingerprint, root / "other_model")
-    return {**adapter_cases(good=served_good_adapter, fingerprint=served_fingerprint, tiny_model=tiny_model_dir,
-                            other_model=other, root=root / "adapters"),
+    max_rank = int({**os.environ, **stack.env}.get("MAX_LORA_RANK", "64"))  # the worker's limit
+    return {**adapter_cases(good=served_good_adapter, fingerprint=served_fingerprint, max_rank=max_rank,
+                            tiny_model=tiny_model_dir, other_model=other, root=root / "adapters"),
             **archive_cases(good=served_good_adapter, root=root / "archives")}
+
+
+@pytest.fixture
+def captured_tasks(monkeypatch) -> list[tuple[str, tuple]]:
+    """In-process tests that commit (transactional ones) would hand their tasks to the whole stack's worker, if
+    one runs in this session, which validates against another base model: keep them here instead."""
+    from adapters import tasks
+
+    sent = []
+    for name in ("adapter_version_validate", "adapter_version_purge", "adapter_purge"):
+        monkeypatch.setattr(getattr(tasks, name), "delay", lambda *args, _name=name: sent.append((_name, args)))
+    return sent

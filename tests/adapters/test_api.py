@@ -237,3 +237,18 @@ def test_a_session_upload_carries_its_csrf_token_in_the_header(cast, s3, tiny_ba
     if status == 403:  # the check never parsed the body, so nothing was staged or reserved
         assert "CSRF" in response.json()["errors"][0]["detail"]
         assert not AdapterUpload.objects.filter(tenant=cast.tenant).exists()
+
+
+def test_the_adapter_api_is_in_the_openapi_schema(client_for):
+    response = client_for("operator").get("/api/schema/", HTTP_ACCEPT="application/vnd.oai.openapi+json")
+    paths = response.json()["paths"]
+    base = "/api/tenants/{slug}/adapters/"
+    expected = {base: {"get", "post"}, base + "{name}/": {"get", "patch", "delete"},
+                base + "{name}/versions/": {"get", "post"}, base + "{name}/versions/{version}/": {"get", "delete"},
+                base + "{name}/uploads/": {"post"}, base + "{name}/uploads/{upload_id}/": {"get", "delete"},
+                base + "{name}/uploads/{upload_id}/complete/": {"post"}}
+    assert {path: set(paths.get(path, {})) - {"parameters"} for path in expected} == expected
+    upload = paths[base + "{name}/versions/"]["post"]
+    assert set(upload["requestBody"]["content"]) == {"multipart/form-data", "application/zip", "application/gzip"}
+    assert {"202", "401", "403", "404", "409", "411", "413", "503"} <= set(upload["responses"])
+    assert all(op["tags"] == ["adapters"] for path in expected for op in paths[path].values() if "tags" in op)

@@ -257,7 +257,7 @@ def test_resolution_takes_the_newest_ready_version_unless_pinned(tenant, adapter
 
 
 @pytest.mark.django_db(transaction=True)  # the async ORM runs on another thread, with its own connection
-def test_async_resolution_for_the_gateway(tenant, adapter, tiny_good_adapter):
+def test_async_resolution_for_the_gateway(tenant, adapter, tiny_good_adapter, captured_tasks):
     import asyncio
 
     version = validate(presigned_upload(tenant, adapter, good_files(tiny_good_adapter)))
@@ -290,3 +290,11 @@ def test_the_sweep_removes_what_a_failed_cleanup_left(tenant, adapter, tiny_case
     AdapterVersion.objects.filter(pk=version.pk).update(purged_at=None)
     assert services.registry_sweep()["versions"] == 1
     assert keys_under(version.storage_prefix) == []
+
+
+def test_presigned_urls_point_browsers_at_the_public_endpoint(settings, tenant, adapter):
+    settings.S3_PUBLIC_ENDPOINT_URL = "https://files.example.com"
+    _, targets = services.upload_create_presigned(tenant=tenant, adapter=adapter, files=[{"name": "a.zip",
+                                                                                            "size": 10}])
+    url = targets[0]["urls"][0]
+    assert url.startswith("https://files.example.com/lora-adapters/uploads/") and "content-length" in url

@@ -42,7 +42,7 @@ def post(path: str, headers: dict[str, str], body: bytes) -> tuple[int, dict[str
 
 
 @pytest.fixture
-def setting(s3, tiny_base):
+def setting(s3, tiny_base, captured_tasks):
     tenant = TenantFactory()
     services.adapter_create(tenant=tenant, name="sql")
     _, key = tenant_services.api_key_create(tenant=tenant, name="ci", scopes=["manage"])
@@ -94,12 +94,13 @@ def test_refusals_from_the_headers_never_read_the_body(setting, who, length, con
     assert post(upload_path(tenant), headers_for(key, length, content_type), b"")[0::3] == (status, 0)
 
 
-def test_an_admitted_upload_is_read_and_becomes_a_version(setting, tiny_good_adapter):
+def test_an_admitted_upload_is_read_and_becomes_a_version(setting, tiny_good_adapter, captured_tasks):
     tenant, key = setting
     body = multipart(tiny_good_adapter)
     status, _, response, reads = post(upload_path(tenant), headers_for(key, len(body)), body)
     assert status == 202 and reads >= 1, response
     version = AdapterVersion.objects.get(adapter__tenant=tenant)
+    assert captured_tasks == [("adapter_version_validate", (version.pk,))]  # enqueued once committed
     assert version.number == 1 and version.upload_bytes == sum(
         (tiny_good_adapter / n).stat().st_size for n in (CONFIG, WEIGHTS))
 

@@ -47,14 +47,14 @@ class AdapterDetailView(ServiceErrorsMixin, APIView):
     def get(self, request, slug: str, name: str):
         return Response(AdapterSerializer(adapter_access(request, slug, name)[1]).data)
 
-    @extend_schema(request=AdapterUpdateSerializer, responses=AdapterSerializer)
+    @extend_schema(request=AdapterUpdateSerializer, responses={200: AdapterSerializer, **error_responses()})
     def patch(self, request, slug: str, name: str):
         access, adapter = adapter_access(request, slug, name, need=WRITE_ROLE)
         data = validated(AdapterUpdateSerializer, request.data)
         services.adapter_update(tenant=access.tenant, adapter=adapter, description=data["description"])
         return Response(AdapterSerializer(selectors.adapter_get(tenant=access.tenant, name=name)).data)
 
-    @extend_schema(request=None, responses={204: None})
+    @extend_schema(request=None, responses={204: None, **error_responses()})
     def delete(self, request, slug: str, name: str):
         """Delete the adapter and all its versions: they stop resolving at once; engines unload them and the
         stored files are purged in the background. The name is free again."""

@@ -101,7 +101,7 @@ class AdapterVersionDetailView(ServiceErrorsMixin, APIView):
         """The version, with its validation status (`uploaded`, `validating`, `ready`, `failed` + reason)."""
         return Response(AdapterVersionSerializer(self._version(request, slug, name, version)[1]).data)
 
-    @extend_schema(request=None, responses={204: None})
+    @extend_schema(request=None, responses={204: None, **error_responses()})
     def delete(self, request, slug: str, name: str, version: int):
         """Delete this version: it stops resolving at once (`name` falls back to the newest other ready one)."""
         access, found = self._version(request, slug, name, version, WRITE_ROLE)
