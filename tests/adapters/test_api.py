@@ -252,3 +252,33 @@ def test_the_adapter_api_is_in_the_openapi_schema(client_for):
     assert set(upload["requestBody"]["content"]) == {"multipart/form-data", "application/zip", "application/gzip"}
     assert {"202", "401", "403", "404", "409", "411", "413", "503"} <= set(upload["responses"])
     assert all(op["tags"] == ["adapters"] for path in expected for op in paths[path].values() if "tags" in op)
+
+
+def test_a_big_streamed_upload_goes_to_the_store_in_parts(settings, monkeypatch, owner, cast, tiny_good_adapter,
+                                                          tmp_path):
+    import random
+
+    from adapters.storage import ObjectStore
+
+    settings.ADAPTER_UPLOAD_PART_BYTES = 5 << 20
+    parts = []
+    real_upload_part = ObjectStore.upload_part
+
+    def counted_upload_part(self, key, upload_id, number, data):
+        parts.append(len(data))  # what the handler held in memory at most: one part
+        return real_upload_part(self, key, upload_id, number, data)
+
+    monkeypatch.setattr(ObjectStore, "upload_part", counted_upload_part)
+    folder = tmp_path / "with-notes"
+    folder.mkdir()
+    for name in (CONFIG, WEIGHTS):
+        (folder / name).write_bytes((tiny_good_adapter / name).read_bytes())
+    (folder / "notes.txt").write_bytes(random.Random(0).randbytes(7 << 20))
+    archive = archives.zip_folder(folder, tmp_path / "a.zip")
+    response = owner.generic("POST", versions_path(cast), archive.read_bytes(), content_type="application/zip")
+    assert response.status_code == 202, response.content
+    assert parts[0] >= 5 << 20 and sum(parts) == archive.stat().st_size and len(parts) == 2
+    version = AdapterVersion.objects.get(adapter__tenant=cast.tenant)
+    services.adapter_version_validate(version_id=version.pk)
+    version.refresh_from_db()
+    assert version.status == "ready", version.failure_reason
