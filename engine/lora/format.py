@@ -14,7 +14,7 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from engine.lora.adapter_config import ADAPTER_CONFIG_NAME, AdapterConfig, parse_adapter_config
+from engine.lora.adapter_config import ADAPTER_CONFIG_NAME, MAX_CONFIG_BYTES, AdapterConfig, parse_adapter_config
 from engine.lora.errors import AdapterFormatError
 from engine.lora.fingerprint import MODULE_PARENTS, TARGET_MODULES, ModelFingerprint
 from engine.lora.safetensors_header import MAX_HEADER_BYTES, SafetensorsHeader, read_safetensors_header
@@ -125,7 +125,12 @@ def validate_adapter_dir(path: str | os.PathLike, fingerprint: ModelFingerprint,
         raise AdapterFormatError(
             "file_too_large", f"{ADAPTER_WEIGHTS_NAME} is {weights.stat().st_size} bytes, over {size_limit}"
         )
-    config = parse_adapter_config((folder / ADAPTER_CONFIG_NAME).read_bytes())
+    config_path = folder / ADAPTER_CONFIG_NAME
+    if config_path.stat().st_size > MAX_CONFIG_BYTES:  # refused before it is read into memory
+        raise AdapterFormatError(
+            "config_invalid", f"{ADAPTER_CONFIG_NAME} is {config_path.stat().st_size} bytes, over {MAX_CONFIG_BYTES}"
+        )
+    config = parse_adapter_config(config_path.read_bytes())
     return validate_adapter(config, weights, fingerprint, max_rank)
 
 

@@ -191,6 +191,16 @@ def test_file_over_the_size_limit_is_refused(good_adapter, fingerprint, tmp_path
     assert "over" in refusal("file_too_large", validate_adapter_dir, big, fingerprint, 8)
 
 
+def test_config_over_the_size_limit_is_refused_before_it_is_read(good_adapter, fingerprint, tmp_path, monkeypatch):
+    from pathlib import Path
+
+    big = copy_adapter(good_adapter, tmp_path / "big-config")
+    with open(big / "adapter_config.json", "r+b") as f:
+        f.truncate(2 << 20)  # sparse: nothing is written
+    monkeypatch.setattr(Path, "read_bytes", lambda self: pytest.fail(f"{self.name} was read whole"))
+    assert "over 1048576" in refusal("config_invalid", validate_adapter_dir, big, fingerprint, 64)
+
+
 # ---------------------------------------------------------------- refusals: tensors
 
 
