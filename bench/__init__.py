@@ -1,0 +1,1 @@
+"""Benchmarks that compare this platform with its peers in one run; results (JSON + PNG) go to bench/results/."""

@@ -1,0 +1,158 @@
+"""Engine and model configuration: validated once, read everywhere, never mutated after start-up."""
+
+import json
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+_MEMORY = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([KMGT]i?B|B)?\s*$", re.IGNORECASE)
+_UNITS = {"b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
+          "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}
+_DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+
+
+def parse_memory(value: str | int, name: str = "memory size") -> int:
+    """Bytes from ``"2GiB"``, ``"512MB"``, ``"1.5GiB"`` or a plain int; errors name the setting."""
+    if isinstance(value, bool):
+        raise ValueError(f"{name} must be bytes or a string like '2GiB', got {value!r}")
+    if isinstance(value, int):
+        if value <= 0:
+            raise ValueError(f"{name} must be positive, got {value}")
+        return value
+    match = _MEMORY.match(str(value))
+    if match is None:
+        raise ValueError(f"{name} must look like '2GiB', '512MB' or bytes, got {value!r}")
+    number, unit = float(match.group(1)), (match.group(2) or "B").lower()
+    size = int(number * _UNITS[unit])
+    if size <= 0:
+        raise ValueError(f"{name} must be positive, got {value!r}")
+    return size
+
+
+@dataclass(slots=True)
+class EngineConfig:
+    """Knobs of one engine. ``num_kv_blocks`` overrides the size derived from memory (tests use tiny pools)."""
+
+    model: str
+    tokenizer: str | None = None
+    block_size: int = 16
+    max_num_seqs: int = 256
+    max_num_batched_tokens: int = 2048
+    max_model_len: int | None = None
+    kv_cache_memory: str | int | None = None
+    gpu_memory_utilization: float = 0.9
+    num_kv_blocks: int | None = None
+    enable_prefix_caching: bool = True
+    dtype: str = "auto"
+    device: str = "auto"
+    seed: int = 0
+    check_invariants: bool = False
+
+    def __post_init__(self):
+        if not isinstance(self.model, str | Path) or not str(self.model):
+            raise ValueError(f"model must be a model name or an HF folder path, got {self.model!r}")
+        self.model = str(self.model)
+        for name in ("block_size", "max_num_seqs", "max_num_batched_tokens"):
+            value = getattr(self, name)
+            if type(value) is not int or value < 1:
+                raise ValueError(f"{name} must be a positive int, got {value!r}")
+        if self.block_size > 256 or self.block_size & (self.block_size - 1):
+            raise ValueError(f"block_size must be a power of two <= 256, got {self.block_size}")
+        if self.max_model_len is not None and (type(self.max_model_len) is not int or self.max_model_len < 2):
+            raise ValueError(f"max_model_len must be an int >= 2, got {self.max_model_len!r}")
+        if self.num_kv_blocks is not None and (type(self.num_kv_blocks) is not int or self.num_kv_blocks < 1):
+            raise ValueError(f"num_kv_blocks must be a positive int, got {self.num_kv_blocks!r}")
+        if self.kv_cache_memory is not None:
+            parse_memory(self.kv_cache_memory, "kv_cache_memory")
+        if not 0.0 < self.gpu_memory_utilization <= 1.0:
+            raise ValueError(f"gpu_memory_utilization must be in (0, 1], got {self.gpu_memory_utilization}")
+        if self.dtype != "auto" and self.dtype not in _DTYPES:
+            raise ValueError(f"dtype must be 'auto' or one of {sorted(_DTYPES)}, got {self.dtype!r}")
+        if self.device not in ("auto", "cpu") and not self.device.startswith("cuda"):
+            raise ValueError(f"device must be 'auto', 'cpu' or 'cuda[:N]', got {self.device!r}")
+
+    @property
+    def torch_device(self) -> torch.device:
+        if self.device == "auto":
+            return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+        return torch.device(self.device)
+
+    def torch_dtype(self, model_config: "ModelConfig") -> torch.dtype:
+        """fp32 on CPU for ``auto`` (these CPUs have no fast bf16); the checkpoint's dtype on CUDA."""
+        if self.dtype != "auto":
+            return _DTYPES[self.dtype]
+        if self.torch_device.type == "cpu":
+            return torch.float32
+        return model_config.checkpoint_dtype if model_config.checkpoint_dtype != torch.float32 else torch.bfloat16
+
+
+@dataclass(slots=True, frozen=True)
+class ModelConfig:
+    """What the Llama-family model needs from an HF ``config.json`` (read without transformers' model classes)."""
+
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    rms_norm_eps: float
+    rope_theta: float
+    max_position_embeddings: int
+    tie_word_embeddings: bool
+    qkv_bias: bool = False
+    o_bias: bool = False
+    mlp_bias: bool = False
+    sliding_window: int | None = None
+    rope_scaling: dict | None = None
+    eos_token_ids: tuple[int, ...] = ()
+    checkpoint_dtype: torch.dtype = torch.float32
+    model_type: str = "llama"
+    extra: dict = field(default_factory=dict, compare=False, repr=False)
+
+    @classmethod
+    def from_folder(cls, folder: Path) -> "ModelConfig":
+        raw = json.loads((Path(folder) / "config.json").read_text())
+        return cls.from_dict(raw)
+
+    @classmethod
+    def from_dict(cls, raw: dict) -> "ModelConfig":
+        model_type = raw.get("model_type", "llama")
+        if model_type not in ("llama", "mistral", "qwen2"):
+            raise ValueError(f"unsupported model_type {model_type!r}: this engine runs the Llama family")
+        num_heads = raw["num_attention_heads"]
+        eos = raw.get("eos_token_id")
+        eos_ids = tuple(eos) if isinstance(eos, list) else (() if eos is None else (eos,))
+        rope = raw.get("rope_scaling") or None
+        rope_theta = raw.get("rope_theta")
+        if rope_theta is None:  # transformers 5 keeps rope settings in ``rope_parameters``
+            params = raw.get("rope_parameters") or {}
+            rope_theta = params.get("rope_theta", 10000.0)
+            if params.get("rope_type", "default") != "default":
+                rope = params
+        return cls(
+            vocab_size=raw["vocab_size"],
+            hidden_size=raw["hidden_size"],
+            intermediate_size=raw["intermediate_size"],
+            num_layers=raw["num_hidden_layers"],
+            num_heads=num_heads,
+            num_kv_heads=raw.get("num_key_value_heads") or num_heads,
+            head_dim=raw.get("head_dim") or raw["hidden_size"] // num_heads,
+            rms_norm_eps=raw.get("rms_norm_eps", 1e-6),
+            rope_theta=float(rope_theta),
+            max_position_embeddings=raw.get("max_position_embeddings", 2048),
+            tie_word_embeddings=bool(raw.get("tie_word_embeddings", False)),
+            # Llama's ``attention_bias`` covers q/k/v/o; Qwen2 always has q/k/v biases and none on o.
+            qkv_bias=model_type == "qwen2" or bool(raw.get("attention_bias", False)),
+            o_bias=model_type != "qwen2" and bool(raw.get("attention_bias", False)),
+            mlp_bias=bool(raw.get("mlp_bias", False)),
+            rope_scaling=rope,
+            sliding_window=raw.get("sliding_window") if raw.get("use_sliding_window", True) else None,
+            eos_token_ids=eos_ids,
+            checkpoint_dtype=_DTYPES.get(raw.get("torch_dtype") or raw.get("dtype") or "float32", torch.float32),
+            model_type=model_type,
+            extra=raw,
+        )

@@ -1,0 +1,122 @@
+"""``LLM``: the offline API (``generate``, ``chat``) over one ``LLMEngine``, shaped like vLLM's."""
+
+import itertools
+import time
+from collections.abc import Sequence as Seq
+
+from tqdm.auto import tqdm
+
+from engine.config import EngineConfig
+from engine.llm_engine import LLMEngine
+from engine.outputs import RequestOutput
+from engine.sampling_params import SamplingParams
+
+Prompt = str | list[int] | dict
+
+
+class LLM:
+    """Load a model once, then run batches of prompts to completion with continuous batching.
+
+    ``model`` is an HF folder or a known model name (``smollm2-135m-instruct``). Every other keyword is an
+    ``EngineConfig`` field (``block_size``, ``max_num_seqs``, ``max_num_batched_tokens``, ``kv_cache_memory``,
+    ``gpu_memory_utilization``, ``enable_prefix_caching``, ``dtype``, ``device``, ``seed``, ...).
+    """
+
+    def __init__(self, model: str, **engine_kwargs):
+        self.llm_engine = LLMEngine(EngineConfig(model=model, **engine_kwargs))
+        self._request_ids = itertools.count()
+
+    def get_tokenizer(self):
+        return self.llm_engine.tokenizer
+
+    def generate(
+        self,
+        prompts: Prompt | Seq[Prompt],
+        sampling_params: SamplingParams | Seq[SamplingParams] | None = None,
+        *,
+        use_tqdm: bool = True,
+        lora_request=None,
+    ) -> list[RequestOutput]:
+        """Complete every prompt (a string, a list of token ids, or ``{"prompt_token_ids": [...]}``)."""
+        prompts = _as_prompt_list(prompts)
+        return self._run(prompts, sampling_params, lora_request, use_tqdm)
+
+    def chat(
+        self,
+        messages: list[dict] | Seq[list[dict]],
+        sampling_params: SamplingParams | Seq[SamplingParams] | None = None,
+        *,
+        use_tqdm: bool = True,
+        lora_request=None,
+        add_generation_prompt: bool = True,
+        chat_template: str | None = None,
+        chat_template_kwargs: dict | None = None,
+    ) -> list[RequestOutput]:
+        """Apply the model's chat template to each conversation, then generate."""
+        conversations = [messages] if messages and isinstance(messages[0], dict) else list(messages)
+        tokenizer = self.get_tokenizer()
+        prompts = []
+        for conversation in conversations:
+            text = tokenizer.apply_chat_template(
+                conversation, tokenize=False, add_generation_prompt=add_generation_prompt,
+                chat_template=chat_template, **(chat_template_kwargs or {}),
+            )
+            # The template already holds the special tokens: tokenize without adding any.
+            prompts.append({"prompt": text, "prompt_token_ids": tokenizer.encode(text, add_special_tokens=False)})
+        return self._run(prompts, sampling_params, lora_request, use_tqdm)
+
+    def _run(self, prompts: list, sampling_params, lora_request, use_tqdm: bool) -> list[RequestOutput]:
+        params = _broadcast("sampling_params", sampling_params or SamplingParams(), len(prompts))
+        loras = _broadcast("lora_request", lora_request, len(prompts))
+        engine = self.llm_engine
+        order: dict[str, int] = {}
+        try:
+            for i, (prompt, p, lora) in enumerate(zip(prompts, params, loras, strict=True)):
+                request_id = str(next(self._request_ids))
+                if isinstance(prompt, dict):
+                    engine.add_request(request_id, prompt.get("prompt"), p,
+                                       prompt_token_ids=prompt.get("prompt_token_ids"), lora_request=lora)
+                else:
+                    engine.add_request(request_id, prompt, p, lora_request=lora)
+                order[request_id] = i
+            results = self._drain(order, use_tqdm)
+        except BaseException:
+            engine.abort_request(list(order))  # leave the engine clean for the next call
+            raise
+        return [results[i] for i in range(len(prompts))]
+
+    def _drain(self, order: dict[str, int], use_tqdm: bool) -> dict[int, RequestOutput]:
+        results: dict[int, RequestOutput] = {}
+        bar = tqdm(total=len(order), desc="Processed prompts", dynamic_ncols=True, disable=not use_tqdm)
+        start, num_in, num_out = time.perf_counter(), 0, 0
+        while len(results) < len(order):
+            if not self.llm_engine.has_unfinished_requests():
+                raise RuntimeError("the engine dropped requests it was asked to run")  # a bug: never hide it
+            for output in self.llm_engine.step():
+                if output.finished and output.request_id in order:
+                    results[order[output.request_id]] = output
+                    num_in += len(output.prompt_token_ids)
+                    num_out += output.num_generated_tokens
+                    elapsed = max(time.perf_counter() - start, 1e-9)
+                    bar.set_postfix_str(f"in {num_in / elapsed:.1f} tok/s, out {num_out / elapsed:.1f} tok/s",
+                                        refresh=False)
+                    bar.update(1)
+        bar.close()
+        return results
+
+
+def _as_prompt_list(prompts) -> list:
+    if isinstance(prompts, str | dict):
+        return [prompts]
+    prompts = list(prompts)
+    if prompts and all(type(t) is int for t in prompts):  # one prompt given as token ids
+        return [prompts]
+    return prompts
+
+
+def _broadcast(name: str, value, count: int) -> list:
+    if isinstance(value, list | tuple):
+        if len(value) != count:
+            raise ValueError(f"{name} has {len(value)} entries for {count} prompts")
+        return list(value)
+    return [value] * count

@@ -1,0 +1,248 @@
+"""``LLMEngine``: requests in, one batched step at a time, outputs out.
+
+``step()`` reads as schedule -> run the model -> postprocess (record tokens, detokenize, check stops, finish).
+The engine is single-threaded; an async server drives it from one loop.
+"""
+
+import itertools
+import json
+import time
+from collections import defaultdict
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+
+from engine.block_manager import BlockManager
+from engine.config import EngineConfig, ModelConfig
+from engine.detokenizer import IncrementalDetokenizer
+from engine.model_runner import ModelRunner
+from engine.outputs import CompletionOutput, RequestMetrics, RequestOutput
+from engine.sampler import SamplerOutput
+from engine.sampling_params import SamplingParams
+from engine.scheduler import Scheduler
+from engine.sequence import Sequence
+
+
+def resolve_model_folder(name_or_path: str) -> Path:
+    """An HF folder as is, or a known model name through ``engine.models.prepare`` (converted once, cached)."""
+    path = Path(name_or_path).expanduser()
+    if path.is_dir():
+        return path
+    try:
+        from engine.models.prepare import resolve_model
+    except ImportError:
+        raise ValueError(f"model {name_or_path!r} is not an HF folder and no model preparer is installed") from None
+    return Path(resolve_model(name_or_path))
+
+
+@dataclass(slots=True)
+class _Request:
+    request_id: str
+    prompt: str | None
+    prompt_token_ids: list[int]
+    seqs: list[Sequence]
+    metrics: RequestMetrics
+    lora_request: object = None
+
+
+class LLMEngine:
+    def __init__(self, config: EngineConfig):
+        from transformers import AutoTokenizer  # heavy import, only for engines
+
+        self.config = config
+        folder = resolve_model_folder(config.model)
+        self.model_config = ModelConfig.from_folder(folder)
+        self.tokenizer = AutoTokenizer.from_pretrained(config.tokenizer or folder)
+        self.max_model_len = self._max_model_len()
+        self.eos_token_ids = self._eos_token_ids(folder)
+        self.model_runner = ModelRunner(config, self.model_config, folder, max_model_len=self.max_model_len,
+                                        eos_token_ids=tuple(sorted(self.eos_token_ids)))
+        self.block_manager = BlockManager(self.model_runner.num_blocks, config.block_size,
+                                          config.enable_prefix_caching)
+        self.scheduler = Scheduler(self.block_manager, max_num_seqs=config.max_num_seqs,
+                                   max_num_batched_tokens=config.max_num_batched_tokens,
+                                   check_invariants=config.check_invariants)
+        self.requests: dict[str, _Request] = {}
+        self._seq_ids = itertools.count()
+        self._arrivals = itertools.count()
+        self.counters = defaultdict(int)  # finished, aborted, prompt/generated/computed tokens, steps
+
+    def _max_model_len(self) -> int:
+        limit = self.model_config.max_position_embeddings
+        if self.model_config.sliding_window:  # no sliding-window attention here: stay inside one window
+            limit = min(limit, self.model_config.sliding_window)
+        if self.config.max_model_len is None:
+            return limit
+        if self.config.max_model_len > limit:
+            raise ValueError(f"max_model_len {self.config.max_model_len} exceeds the model's limit of {limit}")
+        return self.config.max_model_len
+
+    def _eos_token_ids(self, folder: Path) -> set[int]:
+        ids = set(self.model_config.eos_token_ids)
+        generation = folder / "generation_config.json"
+        if generation.exists():
+            eos = json.loads(generation.read_text()).get("eos_token_id")
+            ids.update(eos if isinstance(eos, list) else [] if eos is None else [eos])
+        if self.tokenizer.eos_token_id is not None:
+            ids.add(self.tokenizer.eos_token_id)
+        return ids
+
+    # ---- requests
+    def add_request(
+        self,
+        request_id: str,
+        prompt: str | list[int] | None = None,
+        params: SamplingParams | None = None,
+        *,
+        prompt_token_ids: list[int] | None = None,
+        lora_request=None,
+    ) -> None:
+        """Queue a request; its ``params.n`` completions are scheduled as separate sequences."""
+        if request_id in self.requests:
+            raise ValueError(f"request id {request_id!r} is already in use")
+        params = params or SamplingParams()
+        text, token_ids = self._tokenize(prompt, prompt_token_ids)
+        self._validate(token_ids, params, lora_request)
+        seqs = [
+            Sequence(next(self._seq_ids), request_id, token_ids, params, index=i, arrival_index=next(self._arrivals),
+                     lora_request=lora_request, device=self.model_runner.device)
+            for i in range(params.n)
+        ]
+        for seq in seqs:
+            seq.detokenizer = IncrementalDetokenizer(self.tokenizer.backend_tokenizer, token_ids, params)
+            self.scheduler.add(seq)
+        self.requests[request_id] = _Request(request_id, text, token_ids, seqs, RequestMetrics(time.monotonic()),
+                                             lora_request)
+        self.counters["prompt_tokens"] += len(token_ids)
+
+    def _tokenize(self, prompt, prompt_token_ids) -> tuple[str | None, list[int]]:
+        if prompt_token_ids is None and isinstance(prompt, list):
+            prompt, prompt_token_ids = None, prompt
+        if prompt_token_ids is not None:
+            return prompt, list(prompt_token_ids)
+        if not isinstance(prompt, str):
+            raise ValueError(f"prompt must be a string or a list of token ids, got {type(prompt).__name__}")
+        return prompt, self.tokenizer.encode(prompt)
+
+    def _validate(self, token_ids: list[int], params: SamplingParams, lora_request) -> None:
+        vocab = self.model_config.vocab_size
+        if not token_ids:
+            raise ValueError("prompt is empty: at least one token is needed")
+        if not all(type(t) is int and 0 <= t < vocab for t in token_ids):
+            raise ValueError(f"prompt token ids must be ints in [0, {vocab})")
+        if len(token_ids) >= self.max_model_len:
+            raise ValueError(
+                f"prompt has {len(token_ids)} tokens but max_model_len is {self.max_model_len} "
+                "(at least one token must be generated)"
+            )
+        longest = min(len(token_ids) + (params.max_tokens or self.max_model_len), self.max_model_len)
+        if self.block_manager.blocks_needed(longest) > self.block_manager.num_blocks:
+            raise ValueError(
+                f"a sequence of {longest} tokens needs {self.block_manager.blocks_needed(longest)} KV blocks, "
+                f"the cache has {self.block_manager.num_blocks}"
+            )
+        if lora_request is not None:
+            raise ValueError("this engine serves the base model only (LoRA is not enabled)")
+
+    def abort_request(self, request_id: str | Iterable[str]) -> None:
+        """Finish requests now (reason ``abort``); unknown or finished ids are ignored."""
+        ids = [request_id] if isinstance(request_id, str) else list(request_id)
+        for rid in ids:
+            request = self.requests.pop(rid, None)
+            if request is not None:
+                self.scheduler.finish(request.seqs, "abort")
+                self.counters["aborted"] += 1
+
+    def has_unfinished_requests(self) -> bool:
+        return bool(self.requests)
+
+    def get_num_unfinished_requests(self) -> int:
+        return len(self.requests)
+
+    # ---- the loop
+    def step(self) -> list[RequestOutput]:
+        """One scheduling step and forward pass; outputs of the requests that produced a token or finished."""
+        out = self.scheduler.schedule()
+        if out.is_empty:
+            return []
+        now = time.monotonic()
+        sampling, sampled = self.model_runner.execute(out)
+        tokens = dict(zip(map(id, sampling), sampled.token_ids, strict=True)) if sampled else {}
+        self.scheduler.update(out, [tokens.get(id(seq)) for seq in out.seqs])
+        self.counters["steps"] += 1
+        self.counters["computed_tokens"] += out.num_batched_tokens
+        for seq in out.seqs:
+            metrics = self.requests[seq.request_id].metrics
+            metrics.first_scheduled_time = metrics.first_scheduled_time or now
+        return self._postprocess(sampling, sampled) if sampled else []
+
+    def _postprocess(self, sampling: list[Sequence], sampled: SamplerOutput) -> list[RequestOutput]:
+        finished: dict[str, list[Sequence]] = defaultdict(list)
+        touched: dict[str, _Request] = {}
+        now = time.monotonic()
+        for i, seq in enumerate(sampling):
+            if seq.logprobs is not None:
+                seq.logprobs.append(sampled.logprobs[i])
+                seq.cumulative_logprob += sampled.sampled_logprobs[i]
+            reason = self._check_stop(seq, sampled.token_ids[i])
+            if reason is not None:
+                finished[reason].append(seq)
+            request = touched[seq.request_id] = self.requests[seq.request_id]
+            request.metrics.first_token_time = request.metrics.first_token_time or now
+        self.counters["generated_tokens"] += len(sampling)
+        for reason, seqs in finished.items():
+            self.scheduler.finish(seqs, reason)
+        return [self._request_output(request, now) for request in touched.values()]
+
+    def _check_stop(self, seq: Sequence, token_id: int) -> str | None:
+        params = seq.params
+        if token_id in self.eos_token_ids and not params.ignore_eos:
+            return "stop"
+        if token_id in params.stop_token_ids:
+            seq.stop_reason = token_id
+            return "stop"
+        if seq.detokenizer.append(token_id, check_stops=seq.num_output_tokens >= params.min_tokens):
+            seq.stop_reason = seq.detokenizer.stop_string
+            return "stop"
+        if params.max_tokens is not None and seq.num_output_tokens >= params.max_tokens:
+            return "length"
+        if seq.num_tokens >= self.max_model_len:
+            return "length"
+        return None
+
+    def _request_output(self, request: _Request, now: float) -> RequestOutput:
+        done = all(seq.is_finished for seq in request.seqs)
+        outputs = [
+            CompletionOutput(
+                index=seq.index,
+                text=seq.detokenizer.text if seq.is_finished else seq.detokenizer.emittable_text,
+                token_ids=seq.output_token_ids,
+                cumulative_logprob=seq.cumulative_logprob if seq.logprobs is not None else None,
+                logprobs=list(seq.logprobs) if seq.logprobs is not None else None,
+                finish_reason=seq.finish_reason,
+                stop_reason=seq.stop_reason,
+            )
+            for seq in request.seqs
+        ]
+        if done:
+            request.metrics.finished_time = now
+            del self.requests[request.request_id]
+            self.counters["finished"] += 1
+        return RequestOutput(request.request_id, request.prompt, request.prompt_token_ids, outputs, done,
+                             num_cached_tokens=request.seqs[0].num_cached_tokens, metrics=request.metrics,
+                             lora_request=request.lora_request)
+
+    # ---- introspection
+    def stats(self) -> dict:
+        """Counters and gauges (the engine server's ``/stats`` builds on these)."""
+        bm = self.block_manager
+        return {
+            "requests": {"running": len(self.scheduler.running), "waiting": len(self.scheduler.waiting),
+                         "finished": self.counters["finished"], "aborted": self.counters["aborted"]},
+            "kv_blocks": {"total": bm.num_blocks, "used": bm.num_used_blocks, "cached": bm.num_cached_blocks},
+            "prefix_cache_hit_rate": bm.hit_rate,
+            "tokens": {"prompt": self.counters["prompt_tokens"], "generated": self.counters["generated_tokens"],
+                       "computed": self.counters["computed_tokens"]},
+            "steps": self.counters["steps"],
+            "preemptions": self.scheduler.num_preemptions,
+        }

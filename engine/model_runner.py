@@ -1,0 +1,112 @@
+"""``ModelRunner``: owns the model and the KV cache; runs one forward pass per step and samples.
+
+It only reads sequences: the scheduler decided how many tokens each computes, the block manager where
+their KV goes. The step's batch is flattened (prefill chunks and decode tokens one after another) and
+described by one ``BatchMetadata``.
+"""
+
+import logging
+from pathlib import Path
+
+import torch
+
+from engine.batch_metadata import BatchMetadata
+from engine.config import EngineConfig, ModelConfig, parse_memory
+from engine.models.loader import load_model
+from engine.sampler import Sampler, SamplerOutput
+from engine.scheduler import SchedulerOutput
+from engine.sequence import Sequence
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_CPU_KV_CACHE = 2 * 2**30
+# Room left on a GPU for activations of a max_num_batched_tokens step, per token (hidden states, logits rows).
+_GPU_ACTIVATION_BYTES_PER_TOKEN = 64 * 2**10
+
+
+class ModelRunner:
+    def __init__(self, config: EngineConfig, model_config: ModelConfig, folder: Path, *, max_model_len: int,
+                 eos_token_ids: tuple[int, ...]):
+        self.config = config
+        self.model_config = model_config
+        self.device = config.torch_device
+        self.dtype = config.torch_dtype(model_config)
+        self.block_size = config.block_size
+        self.model = load_model(folder, model_config, dtype=self.dtype, device=self.device,
+                                max_positions=max_model_len)
+        self.num_blocks = self._num_kv_blocks(max_model_len)
+        shape = (2, model_config.num_layers, self.num_blocks, self.block_size, model_config.num_kv_heads,
+                 model_config.head_dim)
+        self.kv_cache = torch.zeros(shape, dtype=self.dtype, device=self.device)  # [2, L, blocks, bs, Hkv, D]
+        self.model.bind_kv_cache(list(self.kv_cache[0]), list(self.kv_cache[1]))
+        generator = torch.Generator(device=self.device)
+        generator.manual_seed(config.seed)
+        self.sampler = Sampler(eos_token_ids, generator)
+
+    @property
+    def kv_block_bytes(self) -> int:
+        c = self.model_config
+        return 2 * c.num_layers * self.block_size * c.num_kv_heads * c.head_dim * self.dtype.itemsize
+
+    def _num_kv_blocks(self, max_model_len: int) -> int:
+        if self.config.num_kv_blocks is not None:
+            return self.config.num_kv_blocks
+        if self.config.kv_cache_memory is not None:
+            budget = parse_memory(self.config.kv_cache_memory, "kv_cache_memory")
+        elif self.device.type == "cuda":
+            free, total = torch.cuda.mem_get_info(self.device)
+            reserve = total * (1.0 - self.config.gpu_memory_utilization)
+            budget = int(free - reserve - self.config.max_num_batched_tokens * _GPU_ACTIVATION_BYTES_PER_TOKEN)
+        else:  # no point in more than every sequence at full length
+            full = self.config.max_num_seqs * -(-max_model_len // self.block_size) * self.kv_block_bytes
+            budget = min(DEFAULT_CPU_KV_CACHE, full)
+        num_blocks = budget // self.kv_block_bytes
+        if num_blocks < 1:
+            raise ValueError(f"KV cache budget of {budget} bytes holds no block of {self.kv_block_bytes} bytes")
+        logger.info("KV cache: %d blocks of %d tokens (%.2f GiB)", num_blocks, self.block_size,
+                    num_blocks * self.kv_block_bytes / 2**30)
+        return num_blocks
+
+    def prepare(self, out: SchedulerOutput) -> tuple[torch.Tensor, BatchMetadata, list[Sequence]]:
+        """Flatten the step: token ids [T], the batch metadata, and the sequences that sample a token."""
+        bs = self.block_size
+        input_ids, positions, slots, tables, seq_lens, starts, logits_indices = [], [], [], [], [], [0], []
+        sampling = []
+        for seq, num_new in zip(out.seqs, out.num_new_tokens, strict=True):
+            first, end = seq.num_computed_tokens, seq.num_computed_tokens + num_new
+            table = seq.block_table
+            input_ids.extend(seq.token_ids[first:end])
+            positions.extend(range(first, end))
+            slots.extend(table[p // bs] * bs + p % bs for p in range(first, end))
+            tables.append(table)
+            seq_lens.append(end)
+            starts.append(starts[-1] + num_new)
+            if end == seq.num_tokens:  # context complete: its last token's logits pick the next token
+                logits_indices.append(starts[-1] - 1)
+                sampling.append(seq)
+        width = max(len(t) for t in tables)
+        padded = [t + [0] * (width - len(t)) for t in tables]
+        batch = BatchMetadata(
+            positions=self._tensor(positions, torch.int64),
+            slot_mapping=self._tensor(slots, torch.int64),
+            block_tables=self._tensor(padded, torch.int32),
+            seq_lens=self._tensor(seq_lens, torch.int32),
+            query_start_loc=self._tensor(starts, torch.int32),
+            logits_indices=self._tensor(logits_indices, torch.int64),
+        )
+        return self._tensor(input_ids, torch.int64), batch, sampling
+
+    def _tensor(self, values: list, dtype: torch.dtype) -> torch.Tensor:
+        if self.device.type == "cpu":
+            return torch.tensor(values, dtype=dtype)
+        return torch.tensor(values, dtype=dtype, pin_memory=True).to(self.device, non_blocking=True)
+
+    @torch.inference_mode()
+    def execute(self, out: SchedulerOutput) -> tuple[list[Sequence], SamplerOutput | None]:
+        """Run the step's forward pass; sample for the sequences whose context is complete."""
+        input_ids, batch, sampling = self.prepare(out)
+        hidden = self.model(input_ids, batch)  # [T, hidden]
+        if not sampling:
+            return sampling, None
+        logits = self.model.compute_logits(hidden[batch.logits_indices])  # [num_sampling, vocab]
+        return sampling, self.sampler(logits, sampling)

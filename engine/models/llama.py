@@ -1,0 +1,130 @@
+"""The Llama family (Llama, Mistral, Qwen2 config differences: GQA, rope scaling, tied embeddings, biases).
+
+Weights come from HF safetensors by name (``engine.models.loader``); no transformers model class runs here.
+Every projection is an ``engine.models.linear.Projection``; attention reads and writes the paged KV cache
+through ``kernels.write_kv`` and ``kernels.paged_attention`` over the whole flattened batch.
+"""
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+import kernels
+from engine.batch_metadata import BatchMetadata
+from engine.config import ModelConfig
+from engine.models.linear import Projection
+from engine.models.rotary import RotaryEmbedding, apply_rotary
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, size: int, eps: float):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(size), requires_grad=False)
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:  # [num_tokens, hidden]
+        # In float32 this is HF's formula bit for bit (mean of squares, rsqrt, scale), in one call.
+        return F.rms_norm(x, self.weight.shape, self.weight, self.eps)
+
+
+class Attention(nn.Module):
+    def __init__(self, config: ModelConfig, prefix: str):
+        super().__init__()
+        self.num_heads, self.num_kv_heads, self.head_dim = config.num_heads, config.num_kv_heads, config.head_dim
+        q_size, kv_size = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
+        self.sizes = (q_size, kv_size, kv_size)
+        self.qkv_proj = Projection(
+            prefix, config.hidden_size, [("q_proj", q_size), ("k_proj", kv_size), ("v_proj", kv_size)],
+            bias=config.qkv_bias,
+        )
+        self.o_proj = Projection(prefix, q_size, [("o_proj", config.hidden_size)], bias=config.o_bias)
+        self.scale = self.head_dim**-0.5
+        self.k_cache: torch.Tensor | None = None  # [num_blocks, block_size, num_kv_heads, head_dim]
+        self.v_cache: torch.Tensor | None = None
+
+    def forward(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor], batch: BatchMetadata):
+        num_tokens = x.shape[0]
+        q, k, v = self.qkv_proj(x).split(self.sizes, dim=-1)  # [T, Hq*D], [T, Hkv*D], [T, Hkv*D]
+        q = apply_rotary(q.view(num_tokens, self.num_heads, self.head_dim), *rope)  # [T, Hq, D]
+        k = apply_rotary(k.view(num_tokens, self.num_kv_heads, self.head_dim), *rope)  # [T, Hkv, D]
+        v = v.view(num_tokens, self.num_kv_heads, self.head_dim)
+        kernels.write_kv(k, v, self.k_cache, self.v_cache, batch.slot_mapping)
+        out = kernels.paged_attention(
+            q, self.k_cache, self.v_cache, batch.block_tables, batch.seq_lens, batch.query_start_loc, self.scale
+        )  # [T, Hq, D]
+        return self.o_proj(out.view(num_tokens, -1))
+
+
+class MLP(nn.Module):
+    def __init__(self, config: ModelConfig, prefix: str):
+        super().__init__()
+        size = config.intermediate_size
+        self.gate_up_proj = Projection(
+            prefix, config.hidden_size, [("gate_proj", size), ("up_proj", size)], bias=config.mlp_bias
+        )
+        self.down_proj = Projection(prefix, size, [("down_proj", config.hidden_size)], bias=config.mlp_bias)
+        self.size = size
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:  # [T, hidden]
+        gate, up = self.gate_up_proj(x).split(self.size, dim=-1)  # 2 x [T, intermediate]
+        return self.down_proj(F.silu(gate) * up)
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, config: ModelConfig, index: int):
+        super().__init__()
+        prefix = f"model.layers.{index}"
+        self.self_attn = Attention(config, f"{prefix}.self_attn")
+        self.mlp = MLP(config, f"{prefix}.mlp")
+        self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+
+    def forward(self, x: torch.Tensor, rope, batch: BatchMetadata) -> torch.Tensor:  # [T, hidden]
+        x = x + self.self_attn(self.input_layernorm(x), rope, batch)
+        return x + self.mlp(self.post_attention_layernorm(x))
+
+
+class LlamaForCausalLM(nn.Module):
+    """``forward`` maps a flattened batch to hidden states; ``compute_logits`` projects only the sampled rows."""
+
+    def __init__(self, config: ModelConfig, max_positions: int):
+        super().__init__()
+        self.config = config
+        self.embed_tokens = nn.Parameter(torch.empty(config.vocab_size, config.hidden_size), requires_grad=False)
+        self.layers = nn.ModuleList(DecoderLayer(config, i) for i in range(config.num_layers))
+        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.rotary = RotaryEmbedding(config.head_dim, max_positions, config.rope_theta, config.rope_scaling)
+        self.lm_head = (
+            self.embed_tokens
+            if config.tie_word_embeddings
+            else nn.Parameter(torch.empty(config.vocab_size, config.hidden_size), requires_grad=False)
+        )  # [vocab, hidden]
+
+    def bind_kv_cache(self, k_caches: list[torch.Tensor], v_caches: list[torch.Tensor]) -> None:
+        for layer, k_cache, v_cache in zip(self.layers, k_caches, v_caches, strict=True):
+            layer.self_attn.k_cache, layer.self_attn.v_cache = k_cache, v_cache
+
+    def forward(self, input_ids: torch.Tensor, batch: BatchMetadata) -> torch.Tensor:
+        # input_ids: [T] -> hidden states [T, hidden]
+        x = F.embedding(input_ids, self.embed_tokens)
+        rope = self.rotary(batch.positions)
+        for layer in self.layers:
+            x = layer(x, rope, batch)
+        return x
+
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:  # [N, hidden] -> [N, vocab] float32
+        return F.linear(self.norm(hidden), self.lm_head).float()
+
+    def hf_names(self) -> dict[str, tuple[nn.Parameter, int, int]]:
+        """Every HF tensor name this model loads -> (parameter, first row, rows)."""
+        names = {"model.embed_tokens.weight": (self.embed_tokens, 0, self.config.vocab_size),
+                 "model.norm.weight": (self.norm.weight, 0, self.config.hidden_size)}
+        if not self.config.tie_word_embeddings:
+            names["lm_head.weight"] = (self.lm_head, 0, self.config.vocab_size)
+        for i, layer in enumerate(self.layers):
+            for norm in ("input_layernorm", "post_attention_layernorm"):
+                names[f"model.layers.{i}.{norm}.weight"] = (getattr(layer, norm).weight, 0, self.config.hidden_size)
+        for module in self.modules():
+            if isinstance(module, Projection):
+                names.update(module.hf_names())
+        return names

@@ -1,0 +1,62 @@
+"""Build a model from an HF folder: config from ``config.json``, weights by name from its safetensors files."""
+
+import json
+from pathlib import Path
+
+import torch
+from safetensors import safe_open
+
+from engine.config import ModelConfig
+from engine.models.llama import LlamaForCausalLM
+
+# Buffers some checkpoints carry that the engine recomputes itself.
+_IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)
+
+
+def safetensors_files(folder: Path) -> list[Path]:
+    index = folder / "model.safetensors.index.json"
+    if index.exists():
+        names = sorted(set(json.loads(index.read_text())["weight_map"].values()))
+        return [folder / name for name in names]
+    files = sorted(folder.glob("*.safetensors"))
+    if not files:
+        raise ValueError(f"no *.safetensors weights in {folder} (pickled checkpoints are not loaded)")
+    return files
+
+
+def load_model(
+    folder: Path, config: ModelConfig, *, dtype: torch.dtype, device: torch.device, max_positions: int
+) -> LlamaForCausalLM:
+    """A ready-to-run model on ``device`` in ``dtype``; every parameter must come from the checkpoint."""
+    with torch.device(device):
+        model = LlamaForCausalLM(config, max_positions)
+    model.to(dtype)
+    names = model.hf_names()
+    loaded: set[str] = set()
+    unexpected: list[str] = []
+    for path in safetensors_files(Path(folder)):
+        with safe_open(str(path), framework="pt", device="cpu") as tensors:
+            for name in tensors.keys():
+                if name.endswith(_IGNORED_SUFFIXES) or (config.tie_word_embeddings and name == "lm_head.weight"):
+                    continue
+                if name not in names:
+                    unexpected.append(name)
+                    continue
+                _copy_into(name, tensors.get_tensor(name), *names[name])
+                loaded.add(name)
+    missing = sorted(set(names) - loaded)
+    if unexpected or missing:
+        raise ValueError(
+            f"checkpoint in {folder} does not match a {config.model_type} model: "
+            f"missing {missing[:5]}{'...' if len(missing) > 5 else ''}, "
+            f"unexpected {unexpected[:5]}{'...' if len(unexpected) > 5 else ''}"
+        )
+    return model.eval()
+
+
+def _copy_into(name: str, tensor: torch.Tensor, param: torch.nn.Parameter, offset: int, rows: int) -> None:
+    expected = (rows, *param.shape[1:])
+    if tuple(tensor.shape) != expected:
+        raise ValueError(f"{name}: checkpoint shape {tuple(tensor.shape)} != model shape {expected}")
+    with torch.no_grad():
+        param[offset : offset + rows].copy_(tensor)

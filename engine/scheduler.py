@@ -1,0 +1,152 @@
+"""``Scheduler``: continuous batching under a token budget and a sequence cap.
+
+Every step: running sequences first (FCFS), each gets the tokens it still lacks (one decode token, or the next
+chunk of its prompt) while the budget lasts; then waiting sequences are admitted in FCFS order. There are no
+prefill and decode phases: a long prompt is split across steps (chunked prefill) and mixed with decodes.
+When the block pool runs dry the newest running sequence is preempted: its blocks are freed and it is
+recomputed later (its own prefix blocks are likely still cached).
+"""
+
+import bisect
+from collections import deque
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+from engine.block_manager import BlockManager
+from engine.sequence import Sequence, SequenceStatus
+
+
+@dataclass(slots=True)
+class SchedulerOutput:
+    """The sequences of one step, in batch order, with how many new tokens each computes."""
+
+    seqs: list[Sequence] = field(default_factory=list)
+    num_new_tokens: list[int] = field(default_factory=list)
+    preempted: list[Sequence] = field(default_factory=list)
+
+    def add(self, seq: Sequence, num_new_tokens: int) -> None:
+        self.seqs.append(seq)
+        self.num_new_tokens.append(num_new_tokens)
+
+    @property
+    def num_batched_tokens(self) -> int:
+        return sum(self.num_new_tokens)
+
+    @property
+    def is_empty(self) -> bool:
+        return not self.seqs
+
+
+def _arrival(seq: Sequence) -> int:
+    return seq.arrival_index
+
+
+class Scheduler:
+    def __init__(self, block_manager: BlockManager, *, max_num_seqs: int, max_num_batched_tokens: int,
+                 check_invariants: bool = False):
+        self.block_manager = block_manager
+        self.max_num_seqs = max_num_seqs
+        self.max_num_batched_tokens = max_num_batched_tokens
+        self.check_invariants = check_invariants
+        self.waiting: deque[Sequence] = deque()
+        self.running: list[Sequence] = []  # arrival order: the last one is preempted first
+        self.num_preemptions = 0
+
+    def add(self, seq: Sequence) -> None:
+        assert seq.status is SequenceStatus.WAITING and not seq.block_table
+        self.waiting.append(seq)
+
+    def has_unfinished(self) -> bool:
+        return bool(self.waiting or self.running)
+
+    def schedule(self) -> SchedulerOutput:
+        out = SchedulerOutput()
+        budget = self._schedule_running(out)
+        if not out.preempted:  # short of blocks: admitting more would only preempt again
+            self._schedule_waiting(out, budget)
+        if self.check_invariants:
+            self._check(out)
+        return out
+
+    def _schedule_running(self, out: SchedulerOutput) -> int:
+        budget = self.max_num_batched_tokens
+        i = 0
+        while i < len(self.running) and budget > 0:
+            seq = self.running[i]
+            num_new = min(seq.num_tokens - seq.num_computed_tokens, budget)
+            while not self.block_manager.can_append(seq, num_new):
+                victim = self.running.pop()  # the newest; never one already scheduled (those are before i)
+                self._preempt(victim)
+                out.preempted.append(victim)
+                if victim is seq:
+                    return budget
+            self.block_manager.may_append(seq, num_new)
+            out.add(seq, num_new)
+            budget -= num_new
+            i += 1
+        return budget
+
+    def _schedule_waiting(self, out: SchedulerOutput, budget: int) -> None:
+        while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs:
+            seq = self.waiting[0]
+            num_new = self._admit(seq, budget)
+            if num_new == 0:
+                break
+            self.waiting.popleft()
+            bisect.insort(self.running, seq, key=_arrival)
+            out.add(seq, num_new)
+            budget -= num_new
+
+    def _admit(self, seq: Sequence, budget: int) -> int:
+        """Give a waiting sequence its cached prefix and blocks for its first chunk; 0 if blocks are short."""
+        computed = self.block_manager.get_computed_blocks(seq)
+        num_cached = len(computed) * self.block_manager.block_size
+        num_new = min(seq.num_tokens - num_cached, budget)
+        if not self.block_manager.can_allocate(seq, computed, num_new):
+            return 0
+        self.block_manager.allocate(seq, computed, num_new)
+        seq.num_computed_tokens = seq.num_cached_tokens = num_cached
+        seq.status = SequenceStatus.RUNNING
+        return num_new
+
+    def _preempt(self, seq: Sequence) -> None:
+        self.block_manager.free(seq)
+        seq.num_computed_tokens = 0
+        seq.status = SequenceStatus.WAITING
+        seq.num_preemptions += 1
+        self.num_preemptions += 1
+        self.waiting.appendleft(seq)  # victims leave newest first, so FCFS order is kept at the front
+
+    def update(self, out: SchedulerOutput, sampled_token_ids: list[int | None]) -> None:
+        """Record a finished step: tokens computed, and the token sampled for each sequence that sampled."""
+        for seq, num_new, token_id in zip(out.seqs, out.num_new_tokens, sampled_token_ids, strict=True):
+            seq.num_computed_tokens += num_new
+            if token_id is not None:
+                seq.token_ids.append(token_id)
+
+    def finish(self, seqs: Iterable[Sequence], reason: str) -> None:
+        """Remove sequences (running or waiting) for good and release their blocks."""
+        done = {id(seq) for seq in seqs if not seq.is_finished}
+        if not done:
+            return
+        for seq in [*self.running, *self.waiting]:
+            if id(seq) in done:
+                self.block_manager.free(seq)
+                seq.status = SequenceStatus.FINISHED
+                seq.finish_reason = reason
+        self.running = [seq for seq in self.running if id(seq) not in done]
+        self.waiting = deque(seq for seq in self.waiting if id(seq) not in done)
+
+    def _check(self, out: SchedulerOutput) -> None:
+        assert out.num_batched_tokens <= self.max_num_batched_tokens, "token budget exceeded"
+        assert len(self.running) <= self.max_num_seqs, "sequence cap exceeded"
+        assert len({id(s) for s in out.seqs}) == len(out.seqs), "a sequence scheduled twice"
+        order = [seq.arrival_index for seq in self.running]
+        assert order == sorted(order), "running sequences out of FCFS order"
+        for seq, num_new in zip(out.seqs, out.num_new_tokens, strict=True):
+            assert seq.status is SequenceStatus.RUNNING and num_new > 0
+            assert seq.num_computed_tokens + num_new <= seq.num_tokens
+            assert len(seq.block_table) * self.block_manager.block_size >= seq.num_computed_tokens + num_new
+        for seq in self.waiting:
+            assert seq.status is SequenceStatus.WAITING and not seq.block_table and seq.num_computed_tokens == 0
+        self.block_manager.check_invariants(self.running)

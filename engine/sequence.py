@@ -1,0 +1,108 @@
+"""``Sequence``: the passive record of one generation (one of a request's ``n`` completions).
+
+Who writes what: the scheduler writes ``status`` and ``num_computed_tokens`` and appends sampled tokens; the
+block manager writes ``block_table``, ``block_hashes`` and ``num_hashed_blocks``; the engine's output processor
+writes the detokenizer, logprobs and finish fields. The model runner only reads.
+"""
+
+import enum
+from collections.abc import Hashable
+
+import torch
+
+from engine.sampling_params import SamplingParams
+
+
+class SequenceStatus(enum.Enum):
+    WAITING = "waiting"
+    RUNNING = "running"
+    FINISHED = "finished"
+
+
+def adapter_cache_key(lora_request) -> Hashable | None:
+    """The extra key of prefix-cache block hashes: None for the base model, else the adapter's identity.
+
+    The adapter's content hash (sha256 of its weights) when known, so two versions never share KV; the
+    multi-LoRA work may give ``LoRARequest`` a ``content_hash`` attribute that takes precedence.
+    """
+    if lora_request is None:
+        return None
+    content = getattr(lora_request, "content_hash", None) or getattr(lora_request, "sha256", None)
+    return ("adapter", content) if content else ("adapter-id", lora_request.id)
+
+
+class Sequence:
+    __slots__ = (
+        "seq_id", "request_id", "index", "arrival_index", "params", "lora_request", "cache_key", "generator",
+        "token_ids", "num_prompt_tokens", "num_computed_tokens", "num_cached_tokens", "status",
+        "block_table", "block_hashes", "num_hashed_blocks",
+        "detokenizer", "logprobs", "cumulative_logprob", "finish_reason", "stop_reason", "num_preemptions",
+    )
+
+    def __init__(
+        self,
+        seq_id: int,
+        request_id: str,
+        prompt_token_ids: list[int],
+        params: SamplingParams,
+        *,
+        index: int = 0,
+        arrival_index: int = 0,
+        lora_request=None,
+        device: torch.device | str = "cpu",
+    ):
+        self.seq_id = seq_id
+        self.request_id = request_id
+        self.index = index  # which of the request's n completions
+        self.arrival_index = arrival_index  # FCFS order across requests
+        self.params = params
+        self.lora_request = lora_request
+        self.cache_key = adapter_cache_key(lora_request)
+        self.generator = _generator(params.seed, index, device) if params.seed is not None else None
+        self.token_ids = list(prompt_token_ids)
+        self.num_prompt_tokens = len(prompt_token_ids)
+        self.num_computed_tokens = 0
+        self.num_cached_tokens = 0  # prompt tokens found in the prefix cache at (the last) admission
+        self.status = SequenceStatus.WAITING
+        self.block_table: list[int] = []
+        self.block_hashes: list[int] = []  # chained hashes of full blocks, a pure function of tokens + cache_key
+        self.num_hashed_blocks = 0  # blocks of block_table already offered to the prefix cache
+        self.detokenizer = None
+        self.logprobs: list[dict[int, float]] | None = [] if params.logprobs is not None else None
+        self.cumulative_logprob = 0.0
+        self.finish_reason: str | None = None  # "stop" | "length" | "abort"
+        self.stop_reason: int | str | None = None  # the stop token id or stop string that ended it
+        self.num_preemptions = 0
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.token_ids)
+
+    @property
+    def num_output_tokens(self) -> int:
+        return len(self.token_ids) - self.num_prompt_tokens
+
+    @property
+    def output_token_ids(self) -> list[int]:
+        return self.token_ids[self.num_prompt_tokens :]
+
+    @property
+    def prompt_token_ids(self) -> list[int]:
+        return self.token_ids[: self.num_prompt_tokens]
+
+    @property
+    def is_finished(self) -> bool:
+        return self.status is SequenceStatus.FINISHED
+
+    def __repr__(self) -> str:
+        return (
+            f"Sequence(id={self.seq_id}, request={self.request_id!r}, status={self.status.value}, "
+            f"tokens={self.num_tokens}, computed={self.num_computed_tokens}, blocks={self.block_table})"
+        )
+
+
+def _generator(seed: int, index: int, device) -> torch.Generator:
+    # Each of a request's n completions draws from its own stream, reproducible whatever the batch holds.
+    generator = torch.Generator(device=device)
+    generator.manual_seed((seed * 1_000_003 + index) % (2**63))
+    return generator

@@ -1,0 +1,84 @@
+"""Compile a C kernel of this package once per (source, compiler flags, CPU) and load it with ctypes.
+
+The shared library lands in ``$KERNELS_CACHE_DIR`` (default ``~/.cache/lora-platform/kernels``); a build takes
+about a second and happens once per machine. Without a C compiler, or with ``KERNELS_CPU_NATIVE=0``, ``load``
+returns None and callers use their pure-torch path.
+"""
+
+import ctypes
+import hashlib
+import logging
+import os
+import shutil
+import subprocess
+import tempfile
+from functools import cache
+from pathlib import Path
+
+logger = logging.getLogger(__name__)
+
+# -ffast-math lets gcc vectorize the dot-product reductions; infinities stay defined for the softmax.
+FLAGS = ("-O3", "-march=native", "-ffast-math", "-fno-finite-math-only", "-fopenmp", "-shared", "-fPIC", "-std=c11")
+
+
+def enabled() -> bool:
+    value = os.environ.get("KERNELS_CPU_NATIVE", "1").strip().lower()
+    if value not in ("0", "1", "false", "true", "no", "yes", "off", "on"):
+        raise ValueError(f"KERNELS_CPU_NATIVE must be a boolean (1/0), got {value!r}")
+    return value in ("1", "true", "yes", "on")
+
+
+def cache_dir() -> Path:
+    root = os.environ.get("KERNELS_CACHE_DIR")
+    if root:
+        return Path(root)
+    return Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "lora-platform" / "kernels"
+
+
+def _cpu_fingerprint() -> str:
+    # -march=native code must not run on another CPU sharing the cache directory.
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith(("flags", "Features")):
+                return line
+    except OSError:
+        pass
+    import platform
+
+    return platform.processor() or platform.machine()
+
+
+@cache
+def load(name: str) -> ctypes.CDLL | None:
+    """The compiled ``<name>.c`` next to this file, or None when native kernels are off or cannot be built."""
+    if not enabled():
+        return None
+    source = Path(__file__).with_name(f"{name}.c")
+    compiler = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
+    if compiler is None:
+        logger.warning("no C compiler found: %s runs on its slower pure-torch path", name)
+        return None
+    digest = hashlib.sha256(
+        b"\0".join([source.read_bytes(), " ".join(FLAGS).encode(), compiler.encode(), _cpu_fingerprint().encode()])
+    ).hexdigest()[:16]
+    target = cache_dir() / f"{name}-{digest}.so"
+    if not target.exists():
+        try:
+            _build(compiler, source, target)
+        except (OSError, subprocess.CalledProcessError) as error:
+            logger.warning("building %s failed (%s): using the pure-torch path", name, error)
+            return None
+    return ctypes.CDLL(str(target))
+
+
+def _build(compiler: str, source: Path, target: Path) -> None:
+    target.parent.mkdir(parents=True, exist_ok=True)
+    # Build to a temporary name and rename, so concurrent processes never load a half-written library.
+    fd, tmp = tempfile.mkstemp(suffix=".so", dir=target.parent)
+    os.close(fd)
+    try:
+        subprocess.run([compiler, *FLAGS, str(source), "-o", tmp, "-lm"], check=True, capture_output=True, timeout=120)
+        os.replace(tmp, target)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)

@@ -1,0 +1,50 @@
+"""Engine test fixtures: tiny random Llama folders (built once per session) and transformers references."""
+
+import pytest
+import torch
+
+from tests.support.tiny_llama import make_tiny_llama
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _one_torch_thread():
+    # Tiny models gain nothing from threads, and on a loaded 2-core machine a 2-thread OpenMP region waits
+    # milliseconds for a descheduled thread: one thread keeps the suite fast and its timing steady.
+    previous = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(previous)
+
+
+@pytest.fixture(scope="session")
+def tiny_llama(tmp_path_factory):
+    """GQA (4 q heads over 2 kv heads), untied lm_head, no biases."""
+    return make_tiny_llama(tmp_path_factory.mktemp("tiny-llama"))
+
+
+@pytest.fixture(scope="session")
+def tiny_llama_tied_bias(tmp_path_factory):
+    """Tied embeddings, attention biases, multi-head attention with head_dim 32."""
+    return make_tiny_llama(tmp_path_factory.mktemp("tiny-llama-tied"), seed=1, num_heads=2, num_kv_heads=2,
+                           head_dim=32, tie_word_embeddings=True, attention_bias=True, num_layers=3)
+
+
+@pytest.fixture(scope="session")
+def hf_greedy():
+    """``hf_greedy(folder, prompt_ids, max_new_tokens)``: transformers' greedy tokens, one prompt at a time."""
+    from transformers import AutoModelForCausalLM
+
+    models = {}
+
+    def run(folder, prompt_ids: list[int], max_new_tokens: int, *, ignore_eos: bool = False) -> list[int]:
+        if folder not in models:
+            models[folder] = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
+        model = models[folder]
+        ids = torch.tensor([prompt_ids])
+        extra = {"min_new_tokens": max_new_tokens} if ignore_eos else {}
+        with torch.no_grad():
+            out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=max_new_tokens,
+                                 do_sample=False, **extra)
+        return out[0, ids.shape[1]:].tolist()
+
+    return run

@@ -1,0 +1,125 @@
+"""The Llama model against transformers' forward pass, and the weight loader's refusals."""
+
+import json
+
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+from transformers import AutoModelForCausalLM
+
+from engine.batch_metadata import BatchMetadata
+from engine.config import ModelConfig
+from engine.models.linear import Projection
+from engine.models.loader import load_model
+
+BLOCK = 4
+
+
+def engine_model(folder):
+    config = ModelConfig.from_folder(folder)
+    model = load_model(folder, config, dtype=torch.float32, device=torch.device("cpu"), max_positions=512)
+    shape = (config.num_layers, 64, BLOCK, config.num_kv_heads, config.head_dim)
+    k, v = torch.zeros(shape), torch.zeros(shape)
+    model.bind_kv_cache(list(k), list(v))
+    return model
+
+
+def forward(model, chunks: list[tuple[list[int], int, list[int]]]) -> torch.Tensor:
+    """chunks: (token ids of this step, tokens already in the cache, block table) per sequence -> logits."""
+    ids, positions, slots, lens, starts, tables = [], [], [], [], [0], []
+    for tokens, done, table in chunks:
+        ids += tokens
+        positions += range(done, done + len(tokens))
+        slots += [table[p // BLOCK] * BLOCK + p % BLOCK for p in range(done, done + len(tokens))]
+        lens.append(done + len(tokens))
+        starts.append(starts[-1] + len(tokens))
+        tables.append(table)
+    width = max(map(len, tables))
+    batch = BatchMetadata(
+        positions=torch.tensor(positions), slot_mapping=torch.tensor(slots),
+        block_tables=torch.tensor([t + [0] * (width - len(t)) for t in tables], dtype=torch.int32),
+        seq_lens=torch.tensor(lens, dtype=torch.int32), query_start_loc=torch.tensor(starts, dtype=torch.int32),
+        logits_indices=torch.arange(len(ids)),
+    )
+    with torch.inference_mode():
+        return model.compute_logits(model(torch.tensor(ids), batch))
+
+
+def hf_logits(folder, ids: list[int]) -> torch.Tensor:
+    model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
+    with torch.no_grad():
+        return model(torch.tensor([ids])).logits[0]
+
+
+@pytest.mark.parametrize("variant", ["tiny_llama", "tiny_llama_tied_bias"])
+def test_logits_match_transformers_for_a_batch_and_for_chunks(variant, request):
+    folder = request.getfixturevalue(variant)
+    model = engine_model(folder)
+    a, b = list(range(5, 30)), list(range(100, 107))
+    ref_a, ref_b = hf_logits(folder, a), hf_logits(folder, b)
+    both = forward(model, [(a, 0, [0, 1, 2, 3, 4, 5, 6]), (b, 0, [9, 8])])  # b's blocks out of order
+    torch.testing.assert_close(both[: len(a)], ref_a, rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(both[len(a):], ref_b, rtol=1e-4, atol=1e-4)
+    # the same sequence in three chunks, each reading the cache the previous ones wrote
+    table = [20, 31, 22, 40, 24, 25, 26]
+    parts = [forward(model, [(a[:9], 0, table)]), forward(model, [(a[9:10], 9, table)]),
+             forward(model, [(a[10:], 10, table)])]
+    torch.testing.assert_close(torch.cat(parts), ref_a, rtol=1e-4, atol=1e-4)
+
+
+def test_every_projection_is_one_projection_class_with_hf_names(tiny_llama):
+    model = engine_model(tiny_llama)
+    projections = [m for m in model.modules() if isinstance(m, Projection)]
+    names = {f"{p.prefix}.{s.name}" for p in projections for s in p.output_slices}
+    config = json.loads((tiny_llama / "config.json").read_text())
+    expected = {f"model.layers.{i}.{part}" for i in range(config["num_hidden_layers"]) for part in
+                ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj",
+                 "mlp.gate_proj", "mlp.up_proj", "mlp.down_proj")}
+    assert names == expected
+    qkv = model.layers[0].self_attn.qkv_proj
+    assert [(s.name, s.offset, s.size) for s in qkv.output_slices] == [("q_proj", 0, 64), ("k_proj", 64, 32),
+                                                                        ("v_proj", 96, 32)]
+
+
+def test_adapter_hook_sees_input_and_edits_output(tiny_llama):
+    model = engine_model(tiny_llama)
+    ids = list(range(5, 12))
+    base = forward(model, [(ids, 0, [0, 1])])
+    calls = []
+
+    def hook(layer, x, y):
+        calls.append((layer.prefix, x.shape, y.shape))
+        y[:, layer.output_slices[0].offset] += 1.0
+
+    model.layers[1].mlp.down_proj.adapter = hook
+    changed = forward(model, [(ids, 0, [2, 3])])
+    assert calls == [("model.layers.1.mlp", torch.Size([7, 128]), torch.Size([7, 64]))]
+    assert not torch.allclose(base, changed)
+
+
+def _rewrite(src, dst, edit):
+    dst.mkdir()
+    for name in ("config.json", "tokenizer.json", "tokenizer_config.json"):
+        (dst / name).write_bytes((src / name).read_bytes())
+    tensors = load_file(str(src / "model.safetensors"))
+    edit(tensors)
+    save_file(tensors, str(dst / "model.safetensors"))
+    return dst
+
+
+@pytest.mark.parametrize(
+    ("edit", "match"),
+    [(lambda t: t.pop("model.layers.0.mlp.up_proj.weight"), "missing"),
+     (lambda t: t.update(extra=torch.zeros(1)), "unexpected"),
+     (lambda t: t.update({"model.norm.weight": torch.zeros(3)}), "shape")],
+)
+def test_loader_refuses_checkpoints_that_do_not_match(tiny_llama, tmp_path, edit, match):
+    folder = _rewrite(tiny_llama, tmp_path / "bad", edit)
+    with pytest.raises(ValueError, match=match):
+        engine_model(folder)
+
+
+def test_loader_refuses_a_folder_without_safetensors(tiny_llama, tmp_path):
+    (tmp_path / "config.json").write_bytes((tiny_llama / "config.json").read_bytes())
+    with pytest.raises(ValueError, match="safetensors"):
+        engine_model(tmp_path)

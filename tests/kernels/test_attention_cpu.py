@@ -1,0 +1,120 @@
+"""CPU paged attention and KV write against the plain-torch references, on both CPU paths."""
+
+import pytest
+import torch
+
+import kernels
+import kernels.reference as reference
+from kernels.cpu import attention, native
+
+
+def paged_case(seq_lens, query_lens, *, num_q_heads, num_kv_heads, head_dim, block_size, seed=0, dtype=None):
+    gen = torch.Generator().manual_seed(seed)
+    dtype = dtype or torch.float32
+    blocks_per_seq = [-(-n // block_size) for n in seq_lens]
+    num_blocks = sum(blocks_per_seq) + 3
+    k_cache = torch.randn(num_blocks, block_size, num_kv_heads, head_dim, generator=gen).to(dtype)
+    v_cache = torch.randn(num_blocks, block_size, num_kv_heads, head_dim, generator=gen).to(dtype)
+    order = torch.randperm(num_blocks, generator=gen).tolist()  # scattered, out-of-order blocks
+    tables = torch.zeros(len(seq_lens), max(blocks_per_seq), dtype=torch.int32)
+    for i, count in enumerate(blocks_per_seq):
+        tables[i, :count] = torch.tensor(order[:count])
+        order = order[count:]
+    starts = torch.tensor([0, *torch.tensor(query_lens).cumsum(0).tolist()], dtype=torch.int32)
+    q = torch.randn(int(starts[-1]), num_q_heads, head_dim, generator=gen).to(dtype)
+    return q, k_cache, v_cache, tables, torch.tensor(seq_lens, dtype=torch.int32), starts, head_dim**-0.5
+
+
+@pytest.fixture(params=["native", "torch"])
+def cpu_path(request, monkeypatch):
+    """Run once through the C loop and once through the pure-torch fallback (gather + SDPA)."""
+    if request.param == "native":
+        if native.load("paged_attention") is None:
+            pytest.fail("the C kernel did not build: a C compiler is part of the CPU setup")
+    else:
+        monkeypatch.setenv("KERNELS_CPU_NATIVE", "0")
+        native.load.cache_clear()
+    yield request.param
+    native.load.cache_clear()
+
+
+CASES = {
+    # decode of many sequences (the hot path: all kv heads of a sequence in one work item)
+    "decode-smollm2-heads": dict(seq_lens=[1, 17, 160, 33, 64, 5, 200, 16, 15, 99], query_lens=[1] * 10,
+                                 num_q_heads=9, num_kv_heads=3, head_dim=64, block_size=16),
+    # few sequences: one kv head per work item; head_dim 128, MHA
+    "decode-few-128": dict(seq_lens=[40, 3], query_lens=[1, 1], num_q_heads=4, num_kv_heads=4, head_dim=128,
+                           block_size=8),
+    # chunked prefill mixed with decodes, block boundaries crossed, query tiles of several sizes
+    "mixed": dict(seq_lens=[37, 16, 90, 12, 64], query_lens=[5, 16, 40, 1, 2], num_q_heads=8, num_kv_heads=2,
+                  head_dim=32, block_size=16),
+    # a whole prompt at once, odd lengths, block size 1 and a generic head_dim
+    "prefill-block1": dict(seq_lens=[7, 13], query_lens=[7, 13], num_q_heads=6, num_kv_heads=3, head_dim=48,
+                           block_size=1),
+    # head_dim not a multiple of 8: the C loop refuses it and the torch path answers
+    "odd-head-dim": dict(seq_lens=[9, 30], query_lens=[1, 3], num_q_heads=2, num_kv_heads=1, head_dim=20,
+                         block_size=4),
+    # a sequence with no queries this step
+    "idle-seq": dict(seq_lens=[10, 20], query_lens=[0, 2], num_q_heads=4, num_kv_heads=2, head_dim=16,
+                     block_size=4),
+}
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_paged_attention_matches_reference(case, cpu_path):
+    args = paged_case(**CASES[case])
+    expected = reference.paged_attention(*args)
+    with kernels.use_backend("cpu"):
+        got = kernels.paged_attention(*args)
+    torch.testing.assert_close(got, expected, rtol=2e-5, atol=2e-5)
+
+
+def test_long_context_decode_matches_reference():
+    args = paged_case([2000, 1500], [1, 4], num_q_heads=9, num_kv_heads=3, head_dim=64, block_size=16, seed=3)
+    torch.testing.assert_close(attention.paged_attention(*args), reference.paged_attention(*args),
+                               rtol=2e-5, atol=2e-5)
+
+
+def test_long_prefill_in_one_chunk_matches_reference():
+    args = paged_case([300, 45], [300, 45], num_q_heads=9, num_kv_heads=3, head_dim=64, block_size=16, seed=4)
+    torch.testing.assert_close(attention.paged_attention(*args), reference.paged_attention(*args),
+                               rtol=2e-5, atol=2e-5)
+
+
+def test_bfloat16_takes_the_torch_path():
+    args = paged_case([20, 9], [1, 9], num_q_heads=4, num_kv_heads=2, head_dim=16, block_size=4,
+                      dtype=torch.bfloat16)
+    got = attention.paged_attention(*args)
+    assert got.dtype == torch.bfloat16
+    torch.testing.assert_close(got.float(), reference.paged_attention(*args).float(), rtol=2e-2, atol=2e-2)
+
+
+def test_metadata_edited_in_place_is_honoured():
+    q, k, v, tables, lens, starts, scale = paged_case([12, 30], [1, 1], num_q_heads=4, num_kv_heads=2, head_dim=16,
+                                                      block_size=4)
+    first = attention.paged_attention(q, k, v, tables, lens, starts, scale)
+    lens[1] = 20  # edited in place between calls
+    second = attention.paged_attention(q, k, v, tables, lens, starts, scale)
+    torch.testing.assert_close(second, reference.paged_attention(q, k, v, tables, lens, starts, scale))
+    assert not torch.allclose(first[1], second[1])
+
+
+def test_write_kv_scatters_and_skips_minus_one():
+    gen = torch.Generator().manual_seed(0)
+    k, v = torch.randn(5, 2, 8, generator=gen), torch.randn(5, 2, 8, generator=gen)
+    slots = torch.tensor([3, 17, -1, 0, 9])
+    caches = [torch.zeros(6, 4, 2, 8) for _ in range(4)]
+    reference.write_kv(k, v, caches[0], caches[1], slots)
+    with kernels.use_backend("cpu"):
+        kernels.write_kv(k, v, caches[2], caches[3], slots)
+    assert torch.equal(caches[0], caches[2]) and torch.equal(caches[1], caches[3])
+    assert int((caches[2] != 0).any(-1).any(-1).sum()) == 4
+
+
+def test_write_kv_accepts_strided_values():
+    qkv = torch.randn(3, 3 * 16)
+    v = qkv[:, 32:].view(3, 2, 8)  # a view into a fused projection output, as the model passes it
+    k = torch.randn(3, 2, 8)
+    k_cache, v_cache = torch.zeros(2, 4, 2, 8), torch.zeros(2, 4, 2, 8)
+    attention.write_kv(k, v, k_cache, v_cache, torch.tensor([1, 2, 7]))
+    assert torch.equal(v_cache.view(-1, 2, 8)[[1, 2, 7]], v)
