@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 MODEL := smollm2-135m-instruct
 
-.PHONY: run test install model static services lint bench clean-state
+.PHONY: run test install model static browser services lint bench clean-state
 
 $(VENV)/.installed: requirements.lock pyproject.toml
 	@command -v $(PYTHON) >/dev/null || { echo "need $(PYTHON) on PATH"; exit 1; }
@@ -24,6 +24,10 @@ static/vendor/.built: package.json package-lock.json
 
 static: static/vendor/.built
 
+# Debian's Chromium for the browser tests (Playwright drives it by path; nothing is downloaded by Playwright).
+browser:
+	bash devstack/browser.sh
+
 model: install
 	$(PY) -m engine.models.prepare $(MODEL)
 
@@ -33,7 +37,7 @@ services: install
 run: model static
 	$(PY) -m devstack run
 
-test: model static
+test: model static browser
 	$(PY) -m pytest
 
 lint: install

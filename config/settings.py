@@ -34,6 +34,7 @@ INSTALLED_APPS = [
     "django.contrib.sessions",
     "django.contrib.messages",
     "django.contrib.staticfiles",
+    "django.contrib.humanize",
     "rest_framework",
     "rest_framework_api_key",
     "django_filters",
@@ -43,6 +44,7 @@ INSTALLED_APPS = [
     "tenants",
     "adapters",
     "gateway",
+    "console",
 ]
 
 MIDDLEWARE = [
@@ -88,9 +90,9 @@ AUTH_PASSWORD_VALIDATORS = [
     {"NAME": "django.contrib.auth.password_validation.CommonPasswordValidator"},
     {"NAME": "django.contrib.auth.password_validation.NumericPasswordValidator"},
 ]
-LOGIN_URL = "login"
-LOGIN_REDIRECT_URL = "home"
-LOGOUT_REDIRECT_URL = "login"
+LOGIN_URL = "console:login"
+LOGIN_REDIRECT_URL = "console:home"
+LOGOUT_REDIRECT_URL = "console:login"
 
 LANGUAGE_CODE = "en-us"
 TIME_ZONE = "UTC"
@@ -127,7 +129,26 @@ AWS_SECRET_ACCESS_KEY = env_str("AWS_SECRET_ACCESS_KEY", "platform-dev-secret-01
 ENGINE_URLS = env_url_list("ENGINE_URLS", "http://127.0.0.1:8100", schemes=("http", "https"))
 ENGINE_API_KEY = env_str("ENGINE_API_KEY", "platform-dev-engine-key" if DEBUG else None)
 BASE_MODEL_NAME = env_str("BASE_MODEL_NAME", "smollm2-135m-instruct")
+# The served base model's config.json, for control-plane hosts without the model folder (else it is found
+# through engine.models.prepare.resolve_model(BASE_MODEL_NAME)). Adapters are checked against its fingerprint.
+BASE_MODEL_CONFIG = env_str("BASE_MODEL_CONFIG", "")
 MAX_LORA_RANK = env_int("MAX_LORA_RANK", 64, minimum=1, maximum=512)
+
+# --- Adapter registry ---
+# Validation ends with a load and a short generation on one engine. On by default whenever engines are
+# configured; an explicit ENGINE_URLS="" (no engines) turns it off unless asked for, which is then an error.
+ADAPTER_WARM_LOAD = env_bool("ADAPTER_WARM_LOAD", bool(ENGINE_URLS))
+if ADAPTER_WARM_LOAD and not ENGINE_URLS:
+    raise ImproperlyConfigured("ADAPTER_WARM_LOAD needs at least one engine in ENGINE_URLS")
+ADAPTER_WARM_LOAD_TIMEOUT_S = env_int("ADAPTER_WARM_LOAD_TIMEOUT_S", 60, minimum=1)
+# The largest upload accepted at all (a tenant's remaining storage quota may lower it).
+ADAPTER_MAX_UPLOAD_BYTES = env_int("ADAPTER_MAX_UPLOAD_BYTES", 512 * 1024**2, minimum=1024)
+# Part size of multipart uploads (S3 needs >= 5 MiB for every part but the last).
+ADAPTER_UPLOAD_PART_BYTES = env_int("ADAPTER_UPLOAD_PART_BYTES", 8 * 1024**2, minimum=5 * 1024**2)
+# How long presigned upload URLs (and the upload they belong to) stay valid.
+ADAPTER_UPLOAD_TTL_S = env_int("ADAPTER_UPLOAD_TTL_S", 3600, minimum=60, maximum=7 * 24 * 3600)
+# Attempts of a validation or purge task on transient object-store or engine errors before it gives up.
+ADAPTER_TASK_MAX_RETRIES = env_int("ADAPTER_TASK_MAX_RETRIES", 5, minimum=0)
 
 # --- Tenants: platform default quotas (each tenant may override), key cache, usage retention ---
 TENANT_QUOTA_DEFAULTS = {
@@ -151,6 +172,7 @@ USAGE_ROLLUP_INTERVAL_S = env_int("USAGE_ROLLUP_INTERVAL_S", 900, minimum=60)
 CELERY_BEAT_SCHEDULE = {
     "tenants-usage-rollup": {"task": "tenants.tasks.usage_rollup_recent", "schedule": USAGE_ROLLUP_INTERVAL_S},
     "tenants-usage-purge": {"task": "tenants.tasks.usage_purge", "schedule": crontab(hour=3, minute=17)},
+    "adapters-sweep": {"task": "adapters.tasks.registry_sweep", "schedule": 900},
 }
 
 REST_FRAMEWORK = {

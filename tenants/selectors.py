@@ -2,7 +2,8 @@
 
 from datetime import UTC, date, datetime, time
 
-from django.db.models import F, QuerySet, Sum
+from django.db.models import Count, F, Q, QuerySet, Sum
+from django.utils import timezone
 
 from tenants.effective_quota import EffectiveQuota
 from tenants.identity import AuthFailure, KeyInfo, TenantInfo
@@ -22,6 +23,9 @@ from tenants.models import (
 
 # ---------------------------------------------------------------- tenants and people
 
+OPERATOR = "operator"  # the role of staff users in every tenant: they see and manage all of them
+
+
 
 def tenant_list(*, user) -> QuerySet[Tenant]:
     """Every tenant for an operator (staff), else the tenants the user belongs to."""
@@ -31,8 +35,44 @@ def tenant_list(*, user) -> QuerySet[Tenant]:
     return tenants.filter(memberships__user=user)
 
 
+def tenant_search(*, query: str = "", status: str = "") -> QuerySet[Tenant]:
+    """Tenants (operators) whose name or slug contains `query`, of `status` when given, with num_members."""
+    tenants = Tenant.objects.annotate(num_members=Count("memberships"))
+    if query.strip():
+        tenants = tenants.filter(Q(name__icontains=query.strip()) | Q(slug__icontains=query.strip()))
+    if status:
+        tenants = tenants.filter(status=status)
+    return tenants.order_by("slug")
+
+
+def tenants_by_id(*, ids) -> dict[int, Tenant]:
+    return {tenant.pk: tenant for tenant in Tenant.objects.filter(pk__in=list(ids))}
+
+
+def membership_tenant_list(*, user) -> QuerySet[Tenant]:
+    """The tenants the user is a member of (operators included: only those they belong to)."""
+    return Tenant.objects.filter(memberships__user=user).order_by("name", "slug")
+
+
+def user_by_email(*, email: str):
+    """The (oldest) account with this email, case-insensitively, or None."""
+    from django.contrib.auth import get_user_model
+
+    return get_user_model().objects.filter(email__iexact=email.strip()).order_by("id").first()
+
+
 def membership_role(*, tenant: Tenant, user) -> str | None:
     return Membership.objects.filter(tenant=tenant, user=user).values_list("role", flat=True).first()
+
+
+def tenant_role(*, tenant: Tenant, user) -> str | None:
+    """The user's role in the tenant: OPERATOR for staff, "admin" or "member" for its people, None for anyone
+    else (who must not learn that the tenant exists)."""
+    if not user.is_authenticated or not user.is_active:
+        return None
+    if user.is_staff:
+        return OPERATOR
+    return membership_role(tenant=tenant, user=user)
 
 
 def membership_list(*, tenant: Tenant) -> QuerySet[Membership]:
@@ -41,6 +81,13 @@ def membership_list(*, tenant: Tenant) -> QuerySet[Membership]:
 
 def invitation_list(*, tenant: Tenant) -> QuerySet[Invitation]:
     return Invitation.objects.filter(tenant=tenant).select_related("invited_by")
+
+
+def invitation_pending(*, token: str) -> Invitation | None:
+    """The unused, unexpired invitation with this token, or None."""
+    return (Invitation.objects.select_related("tenant")
+            .filter(token_hash=Invitation.hash_token(token), accepted_at__isnull=True, expires_at__gt=timezone.now())
+            .first())
 
 
 # ---------------------------------------------------------------- quotas

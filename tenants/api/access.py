@@ -8,9 +8,7 @@ from rest_framework.exceptions import PermissionDenied
 
 from tenants.api.authentication import KeyPrincipal
 from tenants.models import Role, Tenant
-from tenants.selectors import membership_role
-
-OPERATOR = "operator"  # staff users: every tenant, every action
+from tenants.selectors import OPERATOR, tenant_role
 
 
 @dataclass(frozen=True, slots=True)
@@ -44,9 +42,7 @@ def access_tenant(request, slug: str, *, need: str = Role.MEMBER) -> TenantAcces
 def _role(user, tenant: Tenant) -> str | None:
     if isinstance(user, KeyPrincipal):
         return Role.ADMIN if user.tenant_id == tenant.id else None
-    if user.is_staff:
-        return OPERATOR
-    return membership_role(tenant=tenant, user=user)
+    return tenant_role(tenant=tenant, user=user)
 
 
 def require_operator(request) -> None:

@@ -1,5 +1,7 @@
 """A tenant, the people in it (memberships with a role) and invitations for people not yet in it."""
 
+import hashlib
+
 from django.conf import settings
 from django.db import models
 
@@ -67,3 +69,8 @@ class Invitation(models.Model):
 
     def __str__(self) -> str:
         return f"{self.email} -> {self.tenant_id}"
+
+    @staticmethod
+    def hash_token(token: str) -> str:
+        """What is stored of an invitation token: its sha256."""
+        return hashlib.sha256(token.encode()).hexdigest()

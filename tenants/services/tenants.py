@@ -1,6 +1,5 @@
 """Writes about tenants and people: tenants, accounts, memberships, invitations, passwords."""
 
-import hashlib
 import secrets
 from datetime import timedelta
 
@@ -142,7 +141,7 @@ def invitation_create(*, tenant: Tenant, email: str, role: str, invited_by) -> t
     token = secrets.token_urlsafe(32)
     invitation = Invitation.objects.create(
         tenant=tenant, email=email.strip().lower(), role=role, invited_by=invited_by,
-        token_hash=_token_hash(token), expires_at=timezone.now() + INVITATION_LIFETIME,
+        token_hash=Invitation.hash_token(token), expires_at=timezone.now() + INVITATION_LIFETIME,
     )
     return invitation, token
 
@@ -155,7 +154,7 @@ def invitation_revoke(*, tenant: Tenant, invitation: Invitation) -> None:
 @transaction.atomic
 def invitation_accept(*, token: str, user=None, password: str | None = None) -> Membership:
     """Join the invitation's tenant: as `user` when signed in, else as a new account with `password`."""
-    invitation = Invitation.objects.select_for_update().filter(token_hash=_token_hash(token)).first()
+    invitation = Invitation.objects.select_for_update().filter(token_hash=Invitation.hash_token(token)).first()
     if invitation is None or invitation.accepted_at is not None or invitation.expires_at <= timezone.now():
         raise ValidationError({"token": "This invitation is not valid (unknown, used or expired)."})
     if user is None:
@@ -167,7 +166,3 @@ def invitation_accept(*, token: str, user=None, password: str | None = None) -> 
     invitation.accepted_by = user
     invitation.save(update_fields=["accepted_at", "accepted_by"])
     return membership
-
-
-def _token_hash(token: str) -> str:
-    return hashlib.sha256(token.encode()).hexdigest()

@@ -5,11 +5,12 @@ from datetime import UTC, date, datetime, time, timedelta
 from django.conf import settings
 from django.core.exceptions import ValidationError
 from django.db import transaction
-from django.db.models import Count, Q, Sum
+from django.db.models import Q
 from django.utils import timezone
 
-from tenants.models import LATENCY_BUCKET_BOUNDS_MS, UsageDaily, UsageRecord, UsageStatus
+from tenants.models import UsageDaily, UsageRecord, UsageStatus
 from tenants.selectors import usage_days_with_raw_rows
+from tenants.usage_days import usage_raw_groups
 
 _ROLLUP_FIELDS = ["num_requests", "num_errors", "num_cancelled", "prompt_tokens", "completion_tokens",
                   "latency_ms_sum", "latency_buckets"]
@@ -60,31 +61,12 @@ def usage_rollup_day(*, day: date) -> int:
     return _rollup_day(day)
 
 
-def _bucket_counts() -> dict:
-    bounds = (0, *LATENCY_BUCKET_BOUNDS_MS)
-    counts = {f"b{i}": Count("id", filter=Q(latency_ms__gte=lo, latency_ms__lt=hi))
-              for i, (lo, hi) in enumerate(zip(bounds, bounds[1:], strict=False))}
-    counts[f"b{len(LATENCY_BUCKET_BOUNDS_MS)}"] = Count("id", filter=Q(latency_ms__gte=LATENCY_BUCKET_BOUNDS_MS[-1]))
-    return counts
-
-
 @transaction.atomic
 def _rollup_day(day: date) -> int:
-    start = datetime.combine(day, time.min, tzinfo=UTC)
-    groups = (
-        UsageRecord.objects.filter(created_at__gte=start, created_at__lt=start + timedelta(days=1))
-        .order_by().values("tenant_id", "adapter")
-        .annotate(num_requests=Count("id"), num_errors=Count("id", filter=Q(status=UsageStatus.ERROR)),
-                  num_cancelled=Count("id", filter=Q(status=UsageStatus.CANCELLED)),
-                  prompt_tokens=Sum("prompt_tokens"), completion_tokens=Sum("completion_tokens"),
-                  latency_ms_sum=Sum("latency_ms"), **_bucket_counts())
-    )
-    num_buckets = len(LATENCY_BUCKET_BOUNDS_MS) + 1
     rows = [
         UsageDaily(tenant_id=g["tenant_id"], day=day, adapter=g["adapter"],
-                   latency_buckets=[g[f"b{i}"] for i in range(num_buckets)],
-                   **{name: g[name] for name in _ROLLUP_FIELDS if name != "latency_buckets"})
-        for g in groups
+                   **{name: g[name] for name in _ROLLUP_FIELDS})
+        for g in usage_raw_groups(since=day, until=day)
     ]
     # An upsert, so two rollups of the same day running at once both succeed with the same result.
     UsageDaily.objects.bulk_create(rows, update_conflicts=True, unique_fields=["tenant", "day", "adapter"],

@@ -14,7 +14,7 @@ from tests.tenants.factories import TenantFactory, record
 def test_beat_schedule_names_registered_tasks():
     app.loader.import_default_modules()
     names = {entry["task"] for entry in settings.CELERY_BEAT_SCHEDULE.values()}
-    assert names == {"tenants.tasks.usage_rollup_recent", "tenants.tasks.usage_purge"}
+    assert {"tenants.tasks.usage_rollup_recent", "tenants.tasks.usage_purge"} <= names  # other apps add theirs
     assert names <= set(app.tasks)
 
 

@@ -1,0 +1,26 @@
+"""How callers name adapters: ``name`` (the latest ready version) or ``name:version`` (that version)."""
+
+import re
+from dataclasses import dataclass
+
+MAX_NAME_LENGTH = 100
+# No ':' (it separates the version) and nothing that needs escaping in a URL path segment.
+ADAPTER_NAME_PATTERN = r"[A-Za-z0-9][A-Za-z0-9._-]{0,99}"
+_REF = re.compile(rf"({ADAPTER_NAME_PATTERN})(?::([1-9][0-9]{{0,8}}))?")
+
+
+@dataclass(frozen=True, slots=True)
+class AdapterRef:
+    name: str
+    version: int | None  # None: the latest ready version
+
+
+def parse_adapter_ref(ref: str) -> AdapterRef:
+    """``"sql"`` -> AdapterRef("sql", None); ``"sql:3"`` -> AdapterRef("sql", 3); ValueError otherwise."""
+    match = _REF.fullmatch(ref) if isinstance(ref, str) else None
+    if match is None:
+        raise ValueError(
+            f"adapter reference {ref!r} must be NAME or NAME:VERSION (name: letters, digits, '.', '_', '-'; "
+            "version: a positive integer)"
+        )
+    return AdapterRef(match[1], int(match[2]) if match[2] else None)

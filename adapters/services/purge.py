@@ -1,0 +1,95 @@
+"""Removal of what deleted, failed or abandoned versions and uploads left behind: engines are told to unload
+deleted versions, then their objects and staged bytes are deleted. Idempotent; run by Celery tasks."""
+
+import logging
+
+from django.conf import settings
+from django.utils import timezone
+
+from adapters.engine_client import unload_everywhere
+from adapters.errors import TransientFailure
+from adapters.models import AdapterUpload, AdapterVersion
+from adapters.storage import StoreUnavailable, object_store, staging_prefix
+
+logger = logging.getLogger(__name__)
+UNLOAD_TIMEOUT_S = 10
+Status = AdapterVersion.Status
+
+
+def upload_staging_purge(upload: AdapterUpload) -> bool:
+    """Delete an upload's staged objects and unfinished multipart uploads; False if the store is down."""
+    store, prefix = object_store(), staging_prefix(upload.uuid)
+    try:
+        store.abort_multipart_uploads(prefix)
+        store.delete_prefix(prefix)
+    except StoreUnavailable as exc:
+        logger.warning("staged bytes of upload %s not removed yet: %s", upload.uuid, exc)
+        return False
+    AdapterUpload.objects.filter(pk=upload.pk).update(purged_at=timezone.now())
+    return True
+
+
+def _unload(version: AdapterVersion, *, require_unload: bool) -> None:
+    if not settings.ENGINE_URLS or version.status not in (Status.READY, Status.VALIDATING):
+        return  # nothing an engine could have loaded
+    failures = unload_everywhere(settings.ENGINE_URLS, settings.ENGINE_API_KEY, version.engine_id,
+                                 timeout=UNLOAD_TIMEOUT_S)
+    if not failures:
+        return
+    if require_unload and any(error.retryable for error in failures.values()):
+        raise TransientFailure(f"engines did not confirm the unload of {version.engine_id}: "
+                               + "; ".join(str(e) for e in failures.values()))
+    # Deleted versions never resolve, so no request can reach a copy an unreachable engine still holds.
+    logger.warning("purging %s although engines did not unload it: %s", version.engine_id, failures)
+
+
+def adapter_version_purge(*, version_id: int, require_unload: bool = True) -> bool:
+    """Unload (if it may be loaded) and delete the objects of a deleted or failed version; True when done now.
+
+    Raises TransientFailure when the store (or, with ``require_unload``, an engine) is unreachable."""
+    version = AdapterVersion.objects.filter(pk=version_id).first()
+    if version is None or version.purged_at is not None:
+        return False
+    if version.deleted_at is None and version.status != Status.FAILED:
+        return False  # live: nothing to purge
+    if version.deleted_at is not None:
+        _unload(version, require_unload=require_unload)
+    try:
+        object_store().delete_prefix(version.storage_prefix)
+    except StoreUnavailable as exc:
+        raise TransientFailure(f"objects of {version.engine_id} not deleted: {exc}") from exc
+    upload = AdapterUpload.objects.filter(version=version).first()
+    if upload is not None and upload.purged_at is None and not upload_staging_purge(upload):
+        raise TransientFailure(f"staged bytes of {version.engine_id} not deleted")
+    AdapterVersion.objects.filter(pk=version.pk).update(purged_at=timezone.now())
+    return True
+
+
+def adapter_purge(*, adapter_id: int, require_unload: bool = True) -> int:
+    """Purge every deleted version of a deleted adapter and its aborted uploads; how many versions."""
+    versions = AdapterVersion.objects.filter(adapter_id=adapter_id, deleted_at__isnull=False, purged_at__isnull=True)
+    purged = sum(adapter_version_purge(version_id=pk, require_unload=require_unload)
+                 for pk in versions.values_list("pk", flat=True))
+    for upload in AdapterUpload.objects.filter(adapter_id=adapter_id, status=AdapterUpload.Status.ABORTED,
+                                               purged_at__isnull=True):
+        if not upload_staging_purge(upload):
+            raise TransientFailure(f"staged bytes of upload {upload.uuid} not deleted")
+    return purged
+
+
+def registry_sweep() -> dict[str, int]:
+    """What tasks may have left (a lost task, a store outage): purge failed and deleted versions and finished
+    uploads whose objects remain. Run by Celery beat; cheap when there is nothing to do."""
+    versions = AdapterVersion.objects.filter(purged_at__isnull=True).filter(
+        deleted_at__isnull=False) | AdapterVersion.objects.filter(purged_at__isnull=True, status=Status.FAILED)
+    purged = 0
+    for pk in versions.values_list("pk", flat=True):
+        try:
+            purged += adapter_version_purge(version_id=pk, require_unload=False)
+        except TransientFailure as exc:
+            logger.warning("sweep: %s", exc)
+    finished = AdapterUpload.objects.filter(purged_at__isnull=True).exclude(status=AdapterUpload.Status.PENDING)
+    finished = finished.exclude(status=AdapterUpload.Status.COMPLETED, version__status__in=[Status.UPLOADED,
+                                                                                              Status.VALIDATING])
+    uploads = sum(upload_staging_purge(upload) for upload in finished)
+    return {"versions": purged, "uploads": uploads}

@@ -1,0 +1,41 @@
+"""The web console at the site root (config/urls.py includes it)."""
+
+from django.contrib.auth import views as auth_views
+from django.urls import path, reverse_lazy
+
+from console.views import home, keys, members, operator, overview, placeholders, usage
+
+app_name = "console"
+
+T = "t/<slug:slug>/"
+
+urlpatterns = [
+    path("", home.home, name="home"),
+    path("login/", auth_views.LoginView.as_view(
+        template_name="console/auth/login.html", redirect_authenticated_user=True), name="login"),
+    path("logout/", auth_views.LogoutView.as_view(), name="logout"),
+    path("password/", auth_views.PasswordChangeView.as_view(
+        template_name="console/auth/password_change.html",
+        success_url=reverse_lazy("console:password-change-done")), name="password-change"),
+    path("password/done/", auth_views.PasswordChangeDoneView.as_view(
+        template_name="console/auth/password_change_done.html"), name="password-change-done"),
+    path("invite/<str:token>/", home.invitation_accept, name="invitation-accept"),
+    path(T, overview.overview, name="tenant-overview"),
+    path(T + "usage/", usage.dashboard, name="tenant-usage"),
+    path(T + "usage/export.csv", usage.export_csv, name="tenant-usage-export"),
+    path(T + "keys/", keys.keys, name="tenant-keys"),
+    path(T + "keys/<str:prefix>/revoke/", keys.revoke, name="tenant-key-revoke"),
+    path(T + "members/", members.members, name="tenant-members"),
+    path(T + "members/invite/", members.invite, name="tenant-invite"),
+    path(T + "members/add/", members.add, name="tenant-member-add"),
+    path(T + "members/<int:pk>/role/", members.set_role, name="tenant-member-role"),
+    path(T + "members/<int:pk>/remove/", members.remove, name="tenant-member-remove"),
+    path(T + "invitations/<int:pk>/revoke/", members.revoke_invitation, name="tenant-invitation-revoke"),
+    path(T + "adapters/", placeholders.adapters, name="tenant-adapters"),
+    path(T + "playground/", placeholders.playground, name="tenant-playground"),
+    path("operator/tenants/", operator.tenants, name="operator-tenants"),
+    path("operator/tenants/<slug:slug>/status/", operator.set_status, name="operator-tenant-status"),
+    path("operator/tenants/<slug:slug>/quota/", operator.quota, name="operator-quota"),
+    path("operator/usage/", operator.platform_usage, name="operator-usage"),
+    path("operator/engines/", placeholders.engines, name="operator-engines"),
+]

@@ -1,0 +1,200 @@
+"""The engine as a service: the step loop runs on its own thread, requests come from the event loop.
+
+The ``LLMEngine`` is not thread-safe, so the event loop never touches it: adds and aborts are queued as
+commands that the loop thread applies between steps, and each step's outputs are handed back to the
+requests' own asyncio queues with ``call_soon_threadsafe``. An abort (client gone) frees the request's
+KV blocks on the next step boundary.
+"""
+
+import asyncio
+import logging
+import threading
+import time
+from collections import deque
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass, field
+
+logger = logging.getLogger(__name__)
+
+
+class EngineOverloaded(Exception):
+    """The waiting queue is full; the caller should retry later."""
+
+
+class EngineDead(Exception):
+    """The step loop died; nothing more can be served by this process."""
+
+
+@dataclass(slots=True)
+class _Stream:
+    queue: asyncio.Queue
+    loop: asyncio.AbstractEventLoop
+    finished: bool = False
+
+
+@dataclass(slots=True)
+class _Counters:
+    finished: int = 0
+    aborted: int = 0
+    step_errors: int = 0
+    started_at: float = field(default_factory=time.time)
+
+
+class AsyncEngine:
+    """Wraps an ``LLMEngine`` (``add_request``, ``abort_request``, ``step``, ``has_unfinished_requests``)."""
+
+    def __init__(self, engine, *, max_waiting: int = 512, on_step: Callable | None = None):
+        self.engine = engine
+        self.max_waiting = max_waiting
+        self.on_step = on_step  # called on the loop thread after each step with (outputs, step_seconds)
+        self.counters = _Counters()
+        self._commands: deque = deque()
+        self._streams: dict[str, _Stream] = {}
+        self._wake = threading.Event()
+        self._stopping = False
+        self._error: BaseException | None = None
+        self._thread = threading.Thread(target=self._run, name="engine-loop", daemon=True)
+        self._thread.start()
+
+    # ------------------------------------------------------------ event-loop side
+
+    @property
+    def num_pending(self) -> int:
+        """Requests accepted but not finished (queued commands included)."""
+        return len(self._streams)
+
+    def saturated(self) -> bool:
+        return self.waiting_count() > self.max_waiting // 2
+
+    def waiting_count(self) -> int:
+        """Requests not yet admitted to the batch: the scheduler's queue plus adds not yet applied."""
+        queued_adds = sum(1 for command in list(self._commands) if command[0] == "add")
+        return len(self.engine.scheduler.waiting) + queued_adds
+
+    async def generate(self, request_id: str, *args, **kwargs) -> AsyncIterator:
+        """Submit one request (arguments of ``LLMEngine.add_request`` after the id) and yield its outputs."""
+        if self._error is not None:
+            raise EngineDead(str(self._error))
+        if self._stopping:
+            raise EngineOverloaded("the engine is shutting down")
+        if self.waiting_count() >= self.max_waiting:
+            raise EngineOverloaded(f"the waiting queue is full ({self.max_waiting} requests)")
+        if request_id in self._streams:
+            raise ValueError(f"request id {request_id!r} is already in flight")
+        stream = _Stream(asyncio.Queue(), asyncio.get_running_loop())
+        self._streams[request_id] = stream
+        self._submit(("add", request_id, args, kwargs))
+        try:
+            while True:
+                item = await stream.queue.get()
+                if isinstance(item, BaseException):
+                    raise item
+                yield item
+                if item.finished:
+                    return
+        finally:
+            if not stream.finished:  # the consumer went away (client disconnect, cancellation)
+                self.abort(request_id)
+
+    def abort(self, request_id: str) -> None:
+        stream = self._streams.pop(request_id, None)
+        if stream is not None and not stream.finished:
+            stream.finished = True
+            self.counters.aborted += 1
+            self._submit(("abort", request_id))
+
+    def call(self, fn: Callable, *args) -> asyncio.Future:
+        """Run ``fn(engine, *args)`` on the loop thread between steps (admin operations) and await its result."""
+        loop = asyncio.get_running_loop()
+        future = loop.create_future()
+        self._submit(("call", fn, args, loop, future))
+        return future
+
+    async def shutdown(self, grace_s: float = 30.0) -> None:
+        """Stop taking requests, let in-flight ones finish for up to ``grace_s``, abort the rest."""
+        self._stopping = True
+        deadline = time.monotonic() + grace_s
+        while self._streams and time.monotonic() < deadline and self._error is None:
+            await asyncio.sleep(0.05)
+        for request_id in list(self._streams):
+            stream = self._streams.get(request_id)
+            self.abort(request_id)
+            if stream is not None:
+                stream.queue.put_nowait(EngineOverloaded("the engine shut down before the request finished"))
+        self._submit(("stop",))
+        await asyncio.to_thread(self._thread.join, 10)
+
+    def _submit(self, command: tuple) -> None:
+        self._commands.append(command)
+        self._wake.set()
+
+    # ------------------------------------------------------------ loop-thread side
+
+    def _run(self) -> None:
+        try:
+            while True:
+                if not self._apply_commands():
+                    return
+                if not self.engine.has_unfinished_requests():
+                    self._wake.wait(timeout=0.5)
+                    self._wake.clear()
+                    continue
+                started = time.perf_counter()
+                outputs = self.engine.step()
+                if self.on_step is not None:
+                    self.on_step(outputs, time.perf_counter() - started)
+                for output in outputs:
+                    self._deliver(output.request_id, output)
+        except BaseException as exc:  # every waiter must hear that the loop died, whatever killed it
+            logger.exception("engine loop died")
+            self._error = exc
+            for request_id, stream in list(self._streams.items()):
+                self._streams.pop(request_id, None)
+                stream.loop.call_soon_threadsafe(stream.queue.put_nowait, EngineDead(f"engine loop died: {exc}"))
+
+    def _apply_commands(self) -> bool:
+        while self._commands:
+            command = self._commands.popleft()
+            kind = command[0]
+            if kind == "stop":
+                return False
+            if kind == "add":
+                _, request_id, args, kwargs = command
+                if request_id not in self._streams:  # aborted before it was added
+                    continue
+                try:
+                    self.engine.add_request(request_id, *args, **kwargs)
+                except Exception as exc:  # noqa: BLE001 - a bad request fails alone
+                    self._deliver(request_id, exc)
+            elif kind == "abort":
+                self.engine.abort_request(command[1])
+            elif kind == "call":
+                _, fn, args, loop, future = command
+                try:
+                    result = fn(self.engine, *args)
+                except Exception as exc:  # noqa: BLE001 - handed to the awaiting caller
+                    loop.call_soon_threadsafe(_set_exception, future, exc)
+                else:
+                    loop.call_soon_threadsafe(_set_result, future, result)
+        return True
+
+    def _deliver(self, request_id: str, item) -> None:
+        stream = self._streams.get(request_id)
+        if stream is None:
+            return
+        if isinstance(item, BaseException) or item.finished:
+            stream.finished = True
+            self._streams.pop(request_id, None)
+            if not isinstance(item, BaseException):
+                self.counters.finished += 1
+        stream.loop.call_soon_threadsafe(stream.queue.put_nowait, item)
+
+
+def _set_result(future: asyncio.Future, value) -> None:
+    if not future.done():
+        future.set_result(value)
+
+
+def _set_exception(future: asyncio.Future, exc: BaseException) -> None:
+    if not future.done():
+        future.set_exception(exc)

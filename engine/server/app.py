@@ -1,0 +1,329 @@
+"""The engine's HTTP API (ENGINE_PROTOCOL.md): OpenAI completions and chat with SSE, models, tokenize,
+adapter admin, health, stats and Prometheus metrics. Internal: a bearer key guards all but ``/health``."""
+
+import asyncio
+import contextlib
+import hmac
+import json
+import logging
+import time
+import uuid
+from dataclasses import dataclass
+
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.routing import Route
+
+from engine.async_engine import AsyncEngine, EngineDead, EngineOverloaded
+from engine.server.errors import APIError, bad_request
+from engine.server.generation import RequestState, full_response, stream_events
+from engine.server.metrics import EngineMetrics
+from engine.server.protocol import GenerationRequest, parse_chat, parse_completion
+from engine.server.serving_model import ServingModel
+
+logger = logging.getLogger("engine.server")
+MAX_BODY_BYTES = 4 * 1024 * 1024
+
+
+@dataclass(slots=True)
+class ServerState:
+    engine: AsyncEngine
+    served_model: str
+    api_key: str | None
+    model: ServingModel
+    metrics: EngineMetrics
+    started_at: float
+
+
+def _state(request: Request) -> ServerState:
+    return request.app.state.server
+
+
+async def _json_body(request: Request) -> dict:
+    length = request.headers.get("content-length")
+    if length is not None and length.isdigit() and int(length) > MAX_BODY_BYTES:
+        raise APIError(413, f"request body over {MAX_BODY_BYTES} bytes", code="body_too_large")
+    raw = await request.body()
+    if len(raw) > MAX_BODY_BYTES:
+        raise APIError(413, f"request body over {MAX_BODY_BYTES} bytes", code="body_too_large")
+    try:
+        body = json.loads(raw)
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise bad_request(f"the body is not valid JSON: {exc}", code="invalid_json") from None
+    if not isinstance(body, dict):
+        raise bad_request("the body must be a JSON object", code="invalid_json")
+    return body
+
+
+def _request_id(request: Request) -> str:
+    given = request.headers.get("x-request-id", "")
+    return given if 0 < len(given) <= 128 and given.isprintable() else f"req-{uuid.uuid4().hex}"
+
+
+class AuthAndErrors:
+    """ASGI middleware: bearer key on every path but /health, request ids echoed, errors in OpenAI shape."""
+
+    def __init__(self, app):
+        self.app = app
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        request = Request(scope)
+        request_id = _request_id(request)
+        scope.setdefault("state", {})["request_id"] = request_id
+        key = scope["app"].state.server.api_key
+        if key and scope["path"] != "/health":
+            given = request.headers.get("authorization", "")
+            if not hmac.compare_digest(given.encode(), f"Bearer {key}".encode()):
+                return await APIError(401, "missing or wrong bearer key", code="invalid_api_key").response(
+                    request_id)(scope, receive, send)
+
+        async def send_with_id(message):
+            if message["type"] == "http.response.start":
+                message.setdefault("headers", [])
+                message["headers"] = [*message["headers"], (b"x-request-id", request_id.encode())]
+            await send(message)
+
+        try:
+            await self.app(scope, receive, send_with_id)
+        except APIError as exc:
+            await exc.response(request_id)(scope, receive, send)
+        except Exception:
+            logger.exception("request %s failed", request_id)
+            error = APIError(500, "internal error; the engine logged the details", code="internal_error")
+            await error.response(request_id)(scope, receive, send)
+
+
+async def health(request: Request) -> Response:
+    state = _state(request)
+    if state.engine._error is not None:
+        return JSONResponse({"status": "dead"}, status_code=503)
+    return JSONResponse({"status": "ok"})
+
+
+async def stats(request: Request) -> Response:
+    return JSONResponse(await _stats(_state(request)))
+
+
+async def _stats(state: ServerState) -> dict:
+    body = await state.engine.call(lambda engine: engine.stats())
+    body["model"] = state.served_model
+    body["uptime_s"] = round(time.time() - state.started_at, 1)
+    body["requests"]["finished"] = state.engine.counters.finished
+    body["requests"]["aborted"] = state.engine.counters.aborted
+    body["saturated"] = state.engine.saturated()
+    body.setdefault("adapters", {"slots": 0, "resident": [], "host_tier": [], "hits": 0, "misses": 0,
+                                 "evictions": 0, "load_ms_p50": 0.0})
+    return body
+
+
+async def metrics(request: Request) -> Response:
+    state = _state(request)
+    state.metrics.update_from_stats(await _stats(state))
+    return Response(state.metrics.render(), media_type="text/plain; version=0.0.4")
+
+
+async def models(request: Request) -> Response:
+    state = _state(request)
+    created = int(state.started_at)
+    data = [{"id": state.served_model, "object": "model", "created": created, "owned_by": "engine", "root": None}]
+    for adapter_id in await state.model.resident_ids():
+        data.append({"id": adapter_id, "object": "model", "created": created, "owned_by": "engine",
+                     "root": state.served_model, "parent": state.served_model})
+    return JSONResponse({"object": "list", "data": data})
+
+
+async def tokenize(request: Request) -> Response:
+    state = _state(request)
+    body = await _json_body(request)
+    unknown = set(body) - {"prompt", "messages", "adapter", "model"}
+    if unknown:
+        raise bad_request(f"unknown field '{sorted(unknown)[0]}'", param=sorted(unknown)[0])
+    if ("prompt" in body) == ("messages" in body):
+        raise bad_request("give exactly one of 'prompt' or 'messages'", param="prompt")
+    if "messages" in body:
+        parsed = parse_chat({"model": body.get("model", state.served_model), "messages": body["messages"]})
+        token_ids = state.model.encode_chat(parsed.messages)
+    else:
+        parsed = parse_completion({"model": body.get("model", state.served_model), "prompt": body["prompt"]})
+        if len(parsed.prompts) != 1:
+            raise bad_request("'prompt' must be a single prompt here", param="prompt")
+        token_ids = state.model.encode_prompt(parsed.prompts[0])
+    return JSONResponse({"count": len(token_ids), "max_model_len": state.model.max_model_len})
+
+
+async def completions(request: Request) -> Response:
+    return await _generate(request, parse_completion(await _json_body(request)))
+
+
+async def chat_completions(request: Request) -> Response:
+    return await _generate(request, parse_chat(await _json_body(request)))
+
+
+async def _generate(request: Request, parsed: GenerationRequest) -> Response:
+    state = _state(request)
+    request_id = request.scope["state"]["request_id"]
+    lora_request = await state.model.resolve(parsed.model, parsed.adapter)
+    if parsed.kind == "chat":
+        prompt_ids = [state.model.encode_chat(parsed.messages)]
+    else:
+        prompt_ids = [state.model.encode_prompt(p) for p in parsed.prompts]
+    params = state.model.sampling_params(parsed, prompt_ids)
+    run = RequestState(parsed, request_id, int(time.time()), prompt_tokens=sum(len(p) for p in prompt_ids))
+    if parsed.kind == "chat":
+        parsed.prompts = [prompt_ids[0]]
+    outputs = _merged_outputs(state, request_id, prompt_ids, params, lora_request)
+    if parsed.stream:
+        first = await _first_or_error(outputs)
+        events = stream_events(run, _prepend(first, outputs), state.model.tokenizer,
+                               on_first_token=lambda: None)
+        return StreamingResponse(_observed(state, run, events), media_type="text/event-stream",
+                                 headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+    finals: dict[int, object] = {}
+    n = params[0].n if params else 1
+    try:
+        async for prompt_index, completion in outputs:
+            finals[prompt_index * n + completion.index] = completion
+            if run.first_token_at is None and completion.token_ids:
+                run.first_token_at = time.monotonic()
+    finally:
+        _observe(state, run, outcome="finished")
+    return JSONResponse(full_response(run, finals, state.model.tokenizer))
+
+
+async def _merged_outputs(state: ServerState, request_id: str, prompt_ids: list[list[int]], params, lora_request):
+    """One engine request per prompt (``id``, ``id-1``, ...), their outputs merged as (prompt index, completion)."""
+    queue: asyncio.Queue = asyncio.Queue()
+    sub_ids = [request_id if i == 0 else f"{request_id}-{i}" for i in range(len(prompt_ids))]
+
+    async def pump(index: int, sub_id: str) -> None:
+        try:
+            async for output in state.engine.generate(sub_id, None, params[index], prompt_token_ids=prompt_ids[index],
+                                                      lora_request=lora_request):
+                for completion in output.outputs:
+                    await queue.put((index, completion))
+                if output.finished and getattr(output, "error", None):
+                    await queue.put(output.error)
+        except BaseException as exc:  # noqa: BLE001 - handed to the consumer
+            await queue.put(exc)
+        finally:
+            await queue.put(None)
+
+    tasks = [asyncio.create_task(pump(i, sub_id)) for i, sub_id in enumerate(sub_ids)]
+    remaining = len(tasks)
+    try:
+        while remaining:
+            item = await queue.get()
+            if item is None:
+                remaining -= 1
+            elif isinstance(item, BaseException):
+                raise _as_api_error(item)
+            else:
+                yield item
+    finally:
+        for task in tasks:
+            task.cancel()
+
+
+def _as_api_error(exc: BaseException) -> BaseException:
+    if isinstance(exc, APIError):
+        return exc
+    if isinstance(exc, EngineOverloaded):
+        return APIError(503, str(exc), code="overloaded", retry_after=1)
+    if isinstance(exc, EngineDead):
+        return APIError(503, str(exc), code="engine_dead", retry_after=5)
+    if isinstance(exc, ValueError):
+        return bad_request(str(exc))
+    return exc
+
+
+async def _first_or_error(outputs):
+    """Wait for the first output so that errors before any token become a proper HTTP status, not a stream."""
+    try:
+        return await anext(outputs)
+    except StopAsyncIteration:
+        return None
+
+
+async def _prepend(first, rest):
+    if first is not None:
+        yield first
+    async for item in rest:
+        yield item
+
+
+async def _observed(state: ServerState, run: RequestState, events):
+    outcome = "aborted"
+    try:
+        async for event in events:
+            yield event
+        outcome = "finished"
+    except APIError as exc:
+        outcome = "error"
+        yield f"data: {json.dumps(exc.body())}\n\n"
+        yield "data: [DONE]\n\n"
+    finally:
+        _observe(state, run, outcome=outcome)
+
+
+def _observe(state: ServerState, run: RequestState, *, outcome: str) -> None:
+    now = time.monotonic()
+    ttft = None if run.first_token_at is None else run.first_token_at - run.arrived_at
+    state.metrics.observe_request(outcome=outcome, ttft=ttft, e2e=now - run.arrived_at,
+                                  num_generated=run.completion_tokens)
+    state.metrics.prompt_tokens.inc(run.prompt_tokens)
+    state.metrics.generated_tokens.inc(run.completion_tokens)
+
+
+async def load_adapter(request: Request) -> Response:
+    body = await _json_body(request)
+    info = await _state(request).adapters.load(body.get("adapter"))
+    return JSONResponse({"status": "loaded", **info})
+
+
+async def unload_adapter(request: Request) -> Response:
+    body = await _json_body(request)
+    adapter_id = body.get("id")
+    if not isinstance(adapter_id, str) or not adapter_id:
+        raise bad_request("'id' must be a non-empty string", param="id")
+    await _state(request).adapters.unload(adapter_id)
+    return JSONResponse({"status": "unloaded", "id": adapter_id})
+
+
+def build_app(server: ServerState, shutdown_grace: float = 30.0) -> Starlette:
+    routes = [
+        Route("/health", health, methods=["GET"]),
+        Route("/stats", stats, methods=["GET"]),
+        Route("/metrics", metrics, methods=["GET"]),
+        Route("/v1/models", models, methods=["GET"]),
+        Route("/tokenize", tokenize, methods=["POST"]),
+        Route("/v1/completions", completions, methods=["POST"]),
+        Route("/v1/chat/completions", chat_completions, methods=["POST"]),
+        Route("/v1/load_lora_adapter", load_adapter, methods=["POST"]),
+        Route("/v1/unload_lora_adapter", unload_adapter, methods=["POST"]),
+    ]
+    @contextlib.asynccontextmanager
+    async def lifespan(app):
+        yield
+        # uvicorn has already let in-flight requests finish for up to the grace period; abort what is left.
+        await server.engine.shutdown(grace_s=0)
+
+    app = Starlette(routes=routes, lifespan=lifespan,
+                    exception_handlers={APIError: _api_error, 404: _not_found, 405: _not_allowed})
+    app.state.server = server
+    app.add_middleware(AuthAndErrors)
+    return app
+
+
+async def _api_error(request: Request, exc: APIError) -> Response:
+    return exc.response(request.scope.get("state", {}).get("request_id"))
+
+
+async def _not_found(request: Request, exc) -> Response:
+    return APIError(404, f"no route {request.url.path}", code="not_found").response()
+
+
+async def _not_allowed(request: Request, exc) -> Response:
+    return APIError(405, f"{request.method} not allowed on {request.url.path}", code="method_not_allowed").response()

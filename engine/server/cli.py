@@ -1,0 +1,118 @@
+"""The ``serve`` command, shaped like ``vllm serve``: load the model once, then serve HTTP until SIGTERM."""
+
+import argparse
+import logging
+import os
+import sys
+import time
+from pathlib import Path
+
+logger = logging.getLogger("engine.server")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python -m engine")
+    sub = parser.add_subparsers(dest="command", required=True)
+    serve = sub.add_parser("serve", help="serve MODEL over an OpenAI-compatible HTTP API")
+    serve.add_argument("model", help="a known model name (smollm2-135m-instruct) or an HF folder")
+    serve.add_argument("--host", default="127.0.0.1")
+    serve.add_argument("--port", type=int, default=8100)
+    serve.add_argument("--served-model-name", default=None, help="name of the base model in the API")
+    serve.add_argument("--api-key-file", type=Path, default=None,
+                       help="file holding the bearer key every endpoint but /health requires "
+                            "(else $ENGINE_API_KEY; no key means no authentication)")
+    serve.add_argument("--adapter-sources", default=os.environ.get("ENGINE_ADAPTER_SOURCES", ""),
+                       help="comma-separated prefixes (s3://bucket/prefix/ or local folders) adapters may come "
+                            "from; default $ENGINE_ADAPTER_SOURCES")
+    serve.add_argument("--max-waiting", type=int, default=512,
+                       help="waiting requests beyond which new ones get 503 with Retry-After")
+    serve.add_argument("--shutdown-grace", type=float, default=30.0,
+                       help="seconds in-flight requests may finish after SIGTERM")
+    engine = serve.add_argument_group("engine")
+    engine.add_argument("--block-size", type=int, default=16)
+    engine.add_argument("--max-num-seqs", type=int, default=256)
+    engine.add_argument("--max-num-batched-tokens", type=int, default=2048)
+    engine.add_argument("--max-model-len", type=int, default=None)
+    engine.add_argument("--kv-cache-memory", default=None, help="KV cache size on CPU, e.g. 4GiB")
+    engine.add_argument("--gpu-memory-utilization", type=float, default=0.9)
+    engine.add_argument("--no-enable-prefix-caching", dest="enable_prefix_caching", action="store_false")
+    engine.add_argument("--dtype", default="auto")
+    engine.add_argument("--device", default="auto")
+    engine.add_argument("--seed", type=int, default=0)
+    lora = serve.add_argument_group("LoRA")
+    lora.add_argument("--enable-lora", action="store_true", default=False, help="serve adapters")
+    lora.add_argument("--no-enable-lora", dest="enable_lora", action="store_false")
+    lora.add_argument("--max-loras", type=int, default=8, help="adapter slots on the device")
+    lora.add_argument("--max-cpu-loras", type=int, default=64, help="adapters kept in host memory")
+    lora.add_argument("--max-lora-rank", type=int, default=64)
+    return parser
+
+
+def engine_kwargs(args: argparse.Namespace) -> dict:
+    kwargs = {
+        "block_size": args.block_size, "max_num_seqs": args.max_num_seqs,
+        "max_num_batched_tokens": args.max_num_batched_tokens, "max_model_len": args.max_model_len,
+        "kv_cache_memory": args.kv_cache_memory, "gpu_memory_utilization": args.gpu_memory_utilization,
+        "enable_prefix_caching": args.enable_prefix_caching, "dtype": args.dtype, "device": args.device,
+        "seed": args.seed,
+    }
+    if args.enable_lora:
+        sources = [s.strip() for s in args.adapter_sources.split(",") if s.strip()]
+        kwargs.update(enable_lora=True, max_loras=args.max_loras, max_cpu_loras=args.max_cpu_loras,
+                      max_lora_rank=args.max_lora_rank, adapter_sources=sources)
+    return kwargs
+
+
+def read_api_key(path: Path | None) -> str | None:
+    if path is not None:
+        key = path.read_text().strip()
+        if not key:
+            raise SystemExit(f"--api-key-file {path} is empty")
+        return key
+    return os.environ.get("ENGINE_API_KEY") or None
+
+
+def served_name(model: str, given: str | None) -> str:
+    if given:
+        return given
+    from engine.models.prepare import KNOWN_MODELS
+
+    return model if model in KNOWN_MODELS else Path(model).name
+
+
+def serve(args: argparse.Namespace) -> int:
+    import uvicorn
+
+    from engine.async_engine import AsyncEngine
+    from engine.config import EngineConfig
+    from engine.llm_engine import LLMEngine
+    from engine.server.app import ServerState, build_app
+    from engine.server.metrics import EngineMetrics
+    from engine.server.serving_model import ServingModel
+
+    api_key = read_api_key(args.api_key_file)
+    name = served_name(args.model, args.served_model_name)
+    started = time.time()
+    core = LLMEngine(EngineConfig(model=args.model, **engine_kwargs(args)))
+    logger.info("model %s loaded in %.1fs", name, time.time() - started)
+    metrics = EngineMetrics()
+    async_engine = AsyncEngine(core, max_waiting=args.max_waiting,
+                               on_step=lambda outputs, seconds: metrics.step_seconds.observe(seconds))
+    model = ServingModel(async_engine, served_name=name, lora_enabled=args.enable_lora)
+    app = build_app(ServerState(async_engine, name, api_key, model, metrics, started), args.shutdown_grace)
+    config = uvicorn.Config(app, host=args.host, port=args.port, log_level="info", access_log=False,
+                            timeout_graceful_shutdown=int(args.shutdown_grace), lifespan="on")
+    uvicorn.Server(config).run()
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
+    args = build_parser().parse_args(argv)
+    if args.command == "serve":
+        return serve(args)
+    return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

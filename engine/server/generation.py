@@ -1,0 +1,148 @@
+"""Running one completion or chat request on the async engine: whole responses and SSE streams.
+
+Usage is cumulative: with ``stream_options.continuous_usage_stats`` every chunk carries the tokens produced
+so far (held-back stop-string tokens included), so a stream cut anywhere has an exact count.
+"""
+
+import json
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+
+from engine.server.protocol import GenerationRequest
+
+
+@dataclass(slots=True)
+class ChoiceState:
+    """What has been sent of one choice (one of the ``n`` samples of one prompt)."""
+
+    index: int
+    sent_text: str = ""
+    num_tokens: int = 0
+    num_logprobs_sent: int = 0
+    finish_reason: str | None = None
+
+
+@dataclass(slots=True)
+class RequestState:
+    request: GenerationRequest
+    request_id: str
+    created: int
+    prompt_tokens: int = 0
+    choices: dict[int, ChoiceState] = field(default_factory=dict)
+    first_token_at: float | None = None
+    arrived_at: float = field(default_factory=time.monotonic)
+
+    @property
+    def completion_tokens(self) -> int:
+        return sum(c.num_tokens for c in self.choices.values())
+
+    def usage(self) -> dict:
+        return {"prompt_tokens": self.prompt_tokens, "completion_tokens": self.completion_tokens,
+                "total_tokens": self.prompt_tokens + self.completion_tokens}
+
+
+def _object(kind: str, stream: bool) -> str:
+    if kind == "chat":
+        return "chat.completion.chunk" if stream else "chat.completion"
+    return "text_completion"
+
+
+def _logprobs_payload(kind: str, tokenizer, entries: list) -> dict:
+    """``entries``: per generated token, ``{token_id: logprob}`` with the sampled token first."""
+    if kind == "chat":
+        content = []
+        for entry in entries:
+            items = list(entry.items())
+            token_id, logprob = items[0]
+            content.append({
+                "token": tokenizer.decode([token_id]), "logprob": logprob, "bytes": None,
+                "top_logprobs": [{"token": tokenizer.decode([t]), "logprob": lp, "bytes": None} for t, lp in items[1:]],
+            })
+        return {"content": content}
+    tokens, token_logprobs, top = [], [], []
+    for entry in entries:
+        items = list(entry.items())
+        tokens.append(tokenizer.decode([items[0][0]]))
+        token_logprobs.append(items[0][1])
+        top.append({tokenizer.decode([t]): lp for t, lp in items[1:]} or None)
+    return {"tokens": tokens, "token_logprobs": token_logprobs, "top_logprobs": top, "text_offset": []}
+
+
+def choice_delta(state: RequestState, prompt_index: int, completion, tokenizer) -> dict | None:
+    """The new part of one choice since the last chunk, or None if nothing new."""
+    index = prompt_index * state.request.params.get("n", 1) + completion.index
+    choice = state.choices.setdefault(index, ChoiceState(index))
+    delta_text = completion.text[len(choice.sent_text):]
+    choice.sent_text = completion.text
+    choice.num_tokens = len(completion.token_ids)
+    new_finish = completion.finish_reason if completion.finish_reason != choice.finish_reason else None
+    choice.finish_reason = completion.finish_reason
+    logprobs = None
+    if state.request.logprobs is not None and completion.logprobs:
+        fresh = completion.logprobs[choice.num_logprobs_sent:]
+        choice.num_logprobs_sent = len(completion.logprobs)
+        logprobs = _logprobs_payload(state.request.kind, tokenizer, fresh) if fresh else None
+    if not delta_text and new_finish is None and logprobs is None:
+        return None
+    finish = _finish_reason(new_finish)
+    if state.request.kind == "chat":
+        delta = {"content": delta_text} if delta_text else {}
+        return {"index": index, "delta": delta, "logprobs": logprobs, "finish_reason": finish}
+    return {"index": index, "text": delta_text, "logprobs": logprobs, "finish_reason": finish}
+
+
+def _finish_reason(reason: str | None) -> str | None:
+    if reason is None:
+        return None
+    return reason if reason in ("stop", "length") else "stop"
+
+
+def chunk(state: RequestState, choices: list[dict], *, usage: dict | None = None, with_usage_key: bool) -> str:
+    body = {"id": state.request_id, "object": _object(state.request.kind, True), "created": state.created,
+            "model": state.request.model, "choices": choices}
+    if with_usage_key:
+        body["usage"] = usage
+    return f"data: {json.dumps(body, separators=(',', ':'))}\n\n"
+
+
+async def stream_events(state: RequestState, outputs: AsyncIterator[tuple[int, object]], tokenizer,
+                        on_first_token) -> AsyncIterator[str]:
+    """SSE ``data:`` lines for one request: role chunk (chat), token chunks, usage chunk, ``[DONE]``."""
+    request = state.request
+    continuous = request.continuous_usage
+    if request.kind == "chat":
+        n_total = len(request.prompts or [0]) * request.params.get("n", 1)
+        first = [{"index": i, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
+                  "finish_reason": None} for i in range(n_total)]
+        yield chunk(state, first, usage=state.usage() if continuous else None, with_usage_key=continuous)
+    async for prompt_index, completion in outputs:
+        choice = choice_delta(state, prompt_index, completion, tokenizer)
+        if state.first_token_at is None and state.completion_tokens:
+            state.first_token_at = time.monotonic()
+            on_first_token()
+        if choice is not None:
+            yield chunk(state, [choice], usage=state.usage() if continuous else None, with_usage_key=continuous)
+    if request.include_usage:
+        yield chunk(state, [], usage=state.usage(), with_usage_key=True)
+    yield "data: [DONE]\n\n"
+
+
+def full_response(state: RequestState, finals: dict[int, object], tokenizer) -> dict:
+    """The non-streaming body from each choice's final output."""
+    request = state.request
+    choices = []
+    for index in sorted(finals):
+        completion = finals[index]
+        state.choices[index] = ChoiceState(index, completion.text, len(completion.token_ids))
+        logprobs = None
+        if request.logprobs is not None and completion.logprobs:
+            logprobs = _logprobs_payload(request.kind, tokenizer, completion.logprobs)
+        finish = _finish_reason(completion.finish_reason) or "stop"
+        if request.kind == "chat":
+            choices.append({"index": index, "message": {"role": "assistant", "content": completion.text},
+                            "logprobs": logprobs, "finish_reason": finish})
+        else:
+            choices.append({"index": index, "text": completion.text, "logprobs": logprobs, "finish_reason": finish})
+    return {"id": state.request_id, "object": _object(request.kind, False), "created": state.created,
+            "model": request.model, "choices": choices, "usage": state.usage()}

@@ -1,0 +1,56 @@
+"""Prometheus metrics of one engine process: the same facts as /stats, no per-adapter or per-tenant labels."""
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+
+_LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120)
+
+
+class EngineMetrics:
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+        r = self.registry
+        self.requests_running = Gauge("engine_requests_running", "Sequences scheduled in the batch", registry=r)
+        self.requests_waiting = Gauge("engine_requests_waiting", "Sequences waiting for admission", registry=r)
+        self.kv_blocks_used = Gauge("engine_kv_blocks_used", "KV cache blocks in use", registry=r)
+        self.kv_blocks_total = Gauge("engine_kv_blocks_total", "KV cache blocks in the pool", registry=r)
+        self.prefix_hit_rate = Gauge("engine_prefix_cache_hit_rate", "Share of prompt tokens from the prefix cache",
+                                     registry=r)
+        self.requests_total = Counter("engine_requests", "Requests by outcome", ["outcome"], registry=r)
+        self.prompt_tokens = Counter("engine_prompt_tokens", "Prompt tokens processed", registry=r)
+        self.generated_tokens = Counter("engine_generated_tokens", "Tokens generated", registry=r)
+        self.ttft = Histogram("engine_time_to_first_token_seconds", "Time to first token", registry=r,
+                              buckets=_LATENCY_BUCKETS)
+        self.tpot = Histogram("engine_time_per_output_token_seconds", "Mean time per output token after the first",
+                              registry=r, buckets=_LATENCY_BUCKETS)
+        self.e2e = Histogram("engine_e2e_request_latency_seconds", "Request latency, arrival to last token",
+                             registry=r, buckets=_LATENCY_BUCKETS)
+        self.step_seconds = Histogram("engine_step_seconds", "Duration of one engine step", registry=r,
+                                      buckets=_LATENCY_BUCKETS)
+        self.adapter_hits = Gauge("engine_adapter_slot_hits", "Adapter slot cache hits", registry=r)
+        self.adapter_misses = Gauge("engine_adapter_slot_misses", "Adapter slot cache misses", registry=r)
+        self.adapter_evictions = Gauge("engine_adapter_slot_evictions", "Adapter slot evictions", registry=r)
+        self.adapter_loads = Counter("engine_adapter_loads", "Adapter loads by outcome", ["outcome"], registry=r)
+        self.adapters_resident = Gauge("engine_adapters_resident", "Adapters in device slots", registry=r)
+
+    def observe_request(self, *, outcome: str, ttft: float | None, e2e: float, num_generated: int) -> None:
+        self.requests_total.labels(outcome).inc()
+        if ttft is not None:
+            self.ttft.observe(ttft)
+            if num_generated > 1:
+                self.tpot.observe((e2e - ttft) / (num_generated - 1))
+        self.e2e.observe(e2e)
+
+    def update_from_stats(self, stats: dict) -> None:
+        requests, blocks, adapters = stats["requests"], stats["kv_blocks"], stats["adapters"]
+        self.requests_running.set(requests["running"])
+        self.requests_waiting.set(requests["waiting"])
+        self.kv_blocks_used.set(blocks["used"])
+        self.kv_blocks_total.set(blocks["total"])
+        self.prefix_hit_rate.set(stats["prefix_cache_hit_rate"])
+        self.adapter_hits.set(adapters["hits"])
+        self.adapter_misses.set(adapters["misses"])
+        self.adapter_evictions.set(adapters["evictions"])
+        self.adapters_resident.set(len(adapters["resident"]))
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)

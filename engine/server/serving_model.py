@@ -1,0 +1,128 @@
+"""What the server knows of the model it serves: tokenization, context limits, sampling defaults and adapters.
+
+Adapter ids are opaque and immutable (ENGINE_PROTOCOL.md): a request names one in ``model`` and may carry its
+source (``adapter: {id, uri, sha256}``) so the engine loads it on first use. Sources are remembered per id, so
+later requests may name the id alone once it has been seen or loaded through the admin API.
+"""
+
+from engine.async_engine import AsyncEngine
+from engine.server.errors import APIError, bad_request
+from engine.server.protocol import AdapterSource, GenerationRequest
+
+
+def adapter_error(exc: Exception) -> APIError:
+    """The protocol's status for an adapter refusal (engine.lora.errors)."""
+    from engine.lora.errors import AdapterFormatError, AdapterSourceNotAllowed
+
+    code = getattr(exc, "code", "adapter_invalid")
+    message = getattr(exc, "message", str(exc))
+    if isinstance(exc, AdapterSourceNotAllowed):
+        return APIError(403, message, code=code, param="adapter.uri")
+    if code == "store_unreachable":
+        return APIError(503, message, code=code, retry_after=5)
+    if isinstance(exc, AdapterFormatError) or code:
+        return APIError(422, message, code=code, param="adapter")
+    return APIError(422, message, code="adapter_invalid", param="adapter")
+
+
+class ServingModel:
+    def __init__(self, engine: AsyncEngine, *, served_name: str, lora_enabled: bool):
+        self.async_engine = engine
+        self.served_name = served_name
+        self.lora_enabled = lora_enabled
+        core = engine.engine
+        self.tokenizer = core.tokenizer
+        self.max_model_len = core.max_model_len
+        self._sources: dict[str, AdapterSource] = {}
+
+    # ---------------------------------------------------------------- tokens
+
+    def encode_prompt(self, prompt: str | list[int]) -> list[int]:
+        if isinstance(prompt, list):
+            return list(prompt)
+        return self.tokenizer.encode(prompt)
+
+    def encode_chat(self, messages: list[dict]) -> list[int]:
+        if not self.tokenizer.chat_template:
+            raise bad_request("this model has no chat template; use /v1/completions", code="no_chat_template")
+        encoded = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
+        return list(encoded["input_ids"] if hasattr(encoded, "keys") else encoded)
+
+    def sampling_params(self, parsed: GenerationRequest, prompt_ids: list[list[int]]) -> list:
+        """One SamplingParams per prompt; 413 when a prompt and its max_tokens cannot fit the context."""
+        from engine.sampling_params import SamplingParams
+
+        params = []
+        for ids in prompt_ids:
+            room = self.max_model_len - len(ids)
+            if room <= 0:
+                raise APIError(413, f"the prompt has {len(ids)} tokens; the context is {self.max_model_len}",
+                               code="context_length_exceeded", param="messages" if parsed.messages else "prompt")
+            kwargs = dict(parsed.params)
+            if kwargs.get("max_tokens") is None:
+                kwargs["max_tokens"] = room
+            elif kwargs["max_tokens"] > room:
+                raise APIError(413, f"prompt ({len(ids)} tokens) + max_tokens ({kwargs['max_tokens']}) is over the "
+                                    f"context of {self.max_model_len} tokens", code="context_length_exceeded",
+                               param="max_tokens")
+            try:
+                params.append(SamplingParams(**kwargs))
+            except (TypeError, ValueError) as exc:
+                raise bad_request(str(exc)) from None
+        return params
+
+    # ---------------------------------------------------------------- adapters
+
+    async def resolve(self, model: str, source: AdapterSource | None):
+        """The LoRARequest for ``model`` (None for the base model); 404 for a model nobody described."""
+        if model == self.served_name and source is None:
+            return None
+        if source is not None and source.id != model:
+            raise bad_request("'adapter.id' must equal 'model'", param="adapter.id")
+        if not self.lora_enabled:
+            raise APIError(404, f"model {model!r} does not exist (this engine serves no adapters)",
+                           code="model_not_found", param="model")
+        if source is not None and source.uri:
+            self._sources[model] = source
+        known = self._sources.get(model)
+        if known is None or not known.uri:
+            raise APIError(404, f"model {model!r} does not exist", code="model_not_found", param="model")
+        return self._lora_request(known)
+
+    def _lora_request(self, source: AdapterSource):
+        from engine.lora.request import LoRARequest
+
+        try:
+            request = LoRARequest(name=source.id, id=source.id, path=source.uri, sha256=source.sha256)
+            self.async_engine.engine.check_adapter_source(request)
+        except ValueError as exc:
+            raise bad_request(str(exc), param="adapter") from None
+        except Exception as exc:  # noqa: BLE001 - adapter refusals map to protocol statuses
+            raise adapter_error(exc) from None
+        return request
+
+    async def load(self, value) -> dict:
+        from engine.server.protocol import _adapter
+
+        source = _adapter(value)
+        if source is None or not source.uri:
+            raise bad_request("'adapter' with 'id' and 'uri' is required", param="adapter")
+        self._sources[source.id] = source
+        request = self._lora_request(source)
+        try:
+            info = await self.async_engine.call(lambda engine: engine.load_adapter(request))
+            info = await info if hasattr(info, "__await__") else info
+        except Exception as exc:  # noqa: BLE001
+            raise adapter_error(exc) from None
+        return {"id": source.id, **(info if isinstance(info, dict) else {})}
+
+    async def unload(self, adapter_id: str) -> None:
+        self._sources.pop(adapter_id, None)
+        if self.lora_enabled:
+            await self.async_engine.call(lambda engine: engine.unload_adapter(adapter_id))
+
+    async def resident_ids(self) -> list[str]:
+        if not self.lora_enabled:
+            return []
+        adapters = await self.async_engine.call(lambda engine: engine.list_adapters())
+        return [str(a["id"]) if isinstance(a, dict) else str(a) for a in adapters]

@@ -1,0 +1,139 @@
+"""kernels.cpu.lora_shrink / lora_expand against the reference, at SmolLM2-135M's projection sizes."""
+
+import pytest
+import torch
+
+import kernels
+from kernels import cpu, reference
+from kernels.cpu import lora as cpu_lora
+
+# (in_features, out_features) of q/o, k/v, gate/up and down in SmolLM2-135M.
+SHAPES = [(576, 576), (576, 192), (576, 1536), (1536, 576)]
+NUM_SLOTS = 5
+
+
+def make_buffers(in_features, out_features, ranks, max_rank, dtype=torch.float32, seed=0):
+    """Slot buffers as the slot cache fills them: slot i holds an adapter of rank ranks[i], zero-padded."""
+    g = torch.Generator().manual_seed(seed)
+    lora_a = torch.zeros(len(ranks), max_rank, in_features, dtype=dtype)  # [slots, max_rank, in]
+    lora_b = torch.zeros(len(ranks), out_features, max_rank, dtype=dtype)  # [slots, out, max_rank]
+    for slot, rank in enumerate(ranks):
+        lora_a[slot, :rank] = (torch.randn(rank, in_features, generator=g) / in_features**0.5).to(dtype)
+        lora_b[slot, :, :rank] = (torch.randn(out_features, rank, generator=g) * 0.1).to(dtype)
+    scales = torch.rand(len(ranks), generator=g) * 2 + 0.25  # [slots]
+    return lora_a, lora_b, scales
+
+
+def slots_for(num_tokens, seed, *, order="interleaved"):
+    """Random slots with some -1 ("interleaved"), the same sorted ("sorted"), or sorted without -1 ("identity":
+    rows are already in slot order, the path without gathers)."""
+    g = torch.Generator().manual_seed(seed)
+    low = 0 if order == "identity" else -1
+    slots = torch.randint(low, NUM_SLOTS, (num_tokens,), generator=g, dtype=torch.int32)
+    return slots if order == "interleaved" else slots.sort().values
+
+
+def check_against_reference(x, lora_a, lora_b, scales, token_slots, y, atol):
+    h = cpu.lora_shrink(x, lora_a, token_slots)
+    h_ref = reference.lora_shrink(x, lora_a, token_slots)
+    assert h.dtype == torch.float32 and h.shape == h_ref.shape
+    torch.testing.assert_close(h, h_ref, atol=atol, rtol=atol)
+    y_ref = y.clone()
+    cpu.lora_expand(y, h_ref, lora_b, token_slots, scales)
+    reference.lora_expand(y_ref, h_ref, lora_b, token_slots, scales)
+    torch.testing.assert_close(y, y_ref, atol=atol, rtol=atol)
+
+
+@pytest.mark.parametrize("in_features,out_features", SHAPES)
+@pytest.mark.parametrize("max_rank", [1, 8, 16, 64])
+@pytest.mark.parametrize("order", ["interleaved", "sorted", "identity"])
+def test_matches_reference_at_real_sizes(in_features, out_features, max_rank, order):
+    ranks = [max_rank, max(1, max_rank // 2), 1, max_rank, max(1, max_rank // 4)]  # mixed ranks, zero-padded
+    lora_a, lora_b, scales = make_buffers(in_features, out_features, ranks, max_rank, seed=max_rank)
+    token_slots = slots_for(37, seed=in_features + max_rank, order=order)  # odd count
+    x = torch.randn(37, in_features)
+    y = torch.randn(37, out_features)
+    check_against_reference(x, lora_a, lora_b, scales, token_slots, y, atol=1e-4)
+
+
+def test_tokens_without_adapter_are_untouched_and_get_zero_rows():
+    lora_a, lora_b, scales = make_buffers(576, 192, [8] * NUM_SLOTS, 8)
+    token_slots = torch.tensor([-1, 2, -1, -1, 2, 0, -1], dtype=torch.int32)
+    x, y = torch.randn(7, 576), torch.randn(7, 192)
+    before = y.clone()
+    h = cpu.lora_shrink(x, lora_a, token_slots)
+    assert not h[token_slots < 0].any() and h[token_slots >= 0].abs().sum() > 0
+    cpu.lora_expand(y, h, lora_b, token_slots, scales)
+    none = token_slots < 0
+    assert torch.equal(y[none], before[none]) and not torch.equal(y[~none], before[~none])
+    all_none = torch.full((7,), -1, dtype=torch.int32)
+    assert not cpu.lora_shrink(x, lora_a, all_none).any()
+    cpu.lora_expand(before, h, lora_b, all_none, scales)
+    assert torch.equal(before[none], y[none])
+
+
+def test_expand_into_a_column_slice_of_a_fused_output():
+    """y is q|k|v of a fused projection: the k columns are updated in place, the rest untouched."""
+    lora_a, lora_b, scales = make_buffers(576, 192, [16, 4, 16, 1, 8], 16)
+    token_slots = slots_for(23, seed=5)
+    x = torch.randn(23, 576)
+    fused = torch.randn(23, 576 + 192 + 192)
+    expected = fused.clone()
+    h_all = torch.randn(23, 48)  # a fused shrink's output: this projection's h is a column slice too
+    h = h_all[:, 16:32]
+    cpu.lora_expand(fused[:, 576:768], h, lora_b, token_slots, scales)
+    reference.lora_expand(expected[:, 576:768], h.contiguous(), lora_b, token_slots, scales)
+    torch.testing.assert_close(fused, expected, atol=1e-5, rtol=1e-5)
+    for sorted_tokens in (slots_for(23, seed=6, order="sorted"), slots_for(23, seed=6, order="identity"),
+                          torch.full((23,), 3, dtype=torch.int32)):
+        out, out_ref = fused.clone(), fused.clone()
+        cpu.lora_expand(out[:, 576:768], cpu.lora_shrink(x, lora_a, sorted_tokens), lora_b, sorted_tokens, scales)
+        reference.lora_expand(out_ref[:, 576:768], reference.lora_shrink(x, lora_a, sorted_tokens), lora_b,
+                              sorted_tokens, scales)
+        torch.testing.assert_close(out, out_ref, atol=1e-4, rtol=1e-4)
+
+
+@pytest.mark.parametrize("slots,in_place", [
+    ([2, 2, -1, -1, 0, 0, 0, -1, 4, 4, 2, 2, 2], True),  # runs, base tokens between them, slot 2 twice
+    ([0, 1, 0, 1, 0, 1, 0, 1, -1, 3, 0, 3], False),  # interleaved: gathered in slot order
+])
+def test_runs_in_place_and_gathered_plans(slots, in_place):
+    lora_a, lora_b, scales = make_buffers(1536, 576, [16, 4, 16, 1, 8], 16)
+    token_slots = torch.tensor(slots, dtype=torch.int32)
+    assert (cpu_lora._plan(token_slots).order is None) == in_place
+    x, y = torch.randn(len(slots), 1536), torch.randn(len(slots), 576)
+    check_against_reference(x, lora_a, lora_b, scales, token_slots, y, atol=1e-4)
+
+
+def test_grouping_is_recomputed_when_token_slots_change_in_place():
+    lora_a, lora_b, scales = make_buffers(576, 576, [8] * NUM_SLOTS, 8)
+    x = torch.randn(9, 576)
+    token_slots = torch.tensor([0, 0, 1, 1, 2, 2, 3, 3, 4], dtype=torch.int32)
+    first = cpu.lora_shrink(x, lora_a, token_slots)
+    token_slots[:] = torch.tensor([4, 3, 2, 1, 0, -1, 0, 1, 2], dtype=torch.int32)  # same tensor, new values
+    torch.testing.assert_close(cpu.lora_shrink(x, lora_a, token_slots), reference.lora_shrink(x, lora_a, token_slots))
+    same_values = torch.tensor([0, 0, 1, 1, 2, 2, 3, 3, 4], dtype=torch.int32)
+    torch.testing.assert_close(cpu.lora_shrink(x, lora_a, same_values), first)
+    empty = torch.zeros(0, dtype=torch.int32)
+    assert cpu.lora_shrink(x[:0], lora_a, empty).shape == (0, 8)
+
+
+@pytest.mark.parametrize("order", ["interleaved", "identity"])
+def test_bf16_matches_reference(order):
+    lora_a, lora_b, scales = make_buffers(576, 1536, [16, 8, 1, 16, 4], 16, dtype=torch.bfloat16)
+    token_slots = slots_for(19, seed=7, order=order)
+    x, y = torch.randn(19, 576, dtype=torch.bfloat16), torch.randn(19, 1536, dtype=torch.bfloat16)
+    check_against_reference(x, lora_a, lora_b, scales, token_slots, y, atol=2e-2)
+
+
+def test_public_ops_dispatch_to_the_cpu_path():
+    lora_a, lora_b, scales = make_buffers(576, 192, [2] * NUM_SLOTS, 2)
+    token_slots = slots_for(11, seed=8)
+    x, y = torch.randn(11, 576), torch.randn(11, 192)
+    y_ref = y.clone()
+    assert kernels.backend_for(x.device) == "cpu"
+    h = kernels.lora_shrink(x, lora_a, token_slots)
+    kernels.lora_expand(y, h, lora_b, token_slots, scales)
+    with kernels.use_backend("reference"):
+        kernels.lora_expand(y_ref, kernels.lora_shrink(x, lora_a, token_slots), lora_b, token_slots, scales)
+    torch.testing.assert_close(y, y_ref, atol=1e-5, rtol=1e-5)
