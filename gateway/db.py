@@ -27,3 +27,8 @@ async def on_db_thread(query, /, **kwargs):
         except (InterfaceError, OperationalError):
             await sync_to_async(_drop_connection)()
             return await query(**kwargs)
+
+
+def close_db_thread_connection() -> None:
+    """Close the database thread's connection (tests, before their database is dropped)."""
+    _executor.submit(_drop_connection).result()

@@ -109,8 +109,8 @@ class Relay:
         try:
             try:
                 async for chunk in self._chunks():
+                    self._note(chunk)  # counted as relayed: it is handed to the server right below
                     event = self._client_chunk(chunk)
-                    self._note(chunk)
                     if event is not None:
                         yield event
             except GatewayError as exc:

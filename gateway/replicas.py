@@ -51,9 +51,9 @@ def rank_replicas(replicas: list[Replica], affinity_key: str | None) -> list[Rep
     down = [r for r in replicas if not r.healthy]
     by_load = sorted(healthy, key=lambda r: (r.load, random.random()))
     first = None
-    if affinity_key is not None and healthy:
-        preferred = max(healthy, key=lambda r: rendezvous_score(affinity_key, r.url))
-        if not preferred.saturated:
+    if affinity_key is not None:
+        preferred = max(replicas, key=lambda r: rendezvous_score(affinity_key, r.url))
+        if preferred.healthy and not preferred.saturated:
             first = preferred
     if first is None:
         unsaturated = [r for r in by_load if not r.saturated]

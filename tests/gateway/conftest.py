@@ -1,0 +1,14 @@
+"""Fixtures of the gateway tests. Tests through the whole stack (``stack``) write with ``transactional_db`` so the
+stack's web process sees their tenants and keys; in-process tests that write from the gateway's database thread
+do too."""
+
+import pytest
+
+from gateway.db import close_db_thread_connection
+
+
+@pytest.fixture(autouse=True)
+def _close_gateway_db_thread():
+    """The gateway's database thread keeps its connection open; close it so the test database can be dropped."""
+    yield
+    close_db_thread_connection()
