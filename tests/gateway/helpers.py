@@ -41,8 +41,12 @@ def engine_http(stack, index: int = 0) -> httpx.Client:
 
 def prompt_tokens(stack, body: dict) -> int:
     """The engine's own count of a prompt (``{"prompt": ...}`` or ``{"messages": ...}``)."""
+    return prompt_token_counts(stack, [body])[0]
+
+
+def prompt_token_counts(stack, bodies: list[dict]) -> list[int]:
     with engine_http(stack) as engine:
-        return engine.post("/tokenize", json=body).json()["count"]
+        return [engine.post("/tokenize", json=body).json()["count"] for body in bodies]
 
 
 def engine_counter(stack, name: str) -> int:

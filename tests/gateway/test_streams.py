@@ -7,7 +7,14 @@ import time
 import openai
 import pytest
 
-from tests.gateway.helpers import engine_counter, openai_client, prompt_tokens, tenant_with_key, usage_rows
+from tests.gateway.helpers import (
+    engine_counter,
+    openai_client,
+    prompt_token_counts,
+    prompt_tokens,
+    tenant_with_key,
+    usage_rows,
+)
 
 pytestmark = [pytest.mark.stack, pytest.mark.django_db(transaction=True)]
 NUM_STREAMS = 100
@@ -41,8 +48,8 @@ def test_a_hundred_concurrent_streams_complete_and_their_rows_sum_to_what_was_st
     results = asyncio.run(main())
     assert [finish for _, _, finish in results] == ["length"] * NUM_STREAMS
     assert [completion for _, completion, _ in results] == [MAX_TOKENS] * NUM_STREAMS
-    expected_prompts = [prompt_tokens(stack, {"messages": [{"role": "user", "content": p}]} if i % 2 else
-                                      {"prompt": p}) for i, p in enumerate(prompts)]
+    expected_prompts = prompt_token_counts(stack, [{"messages": [{"role": "user", "content": p}]} if i % 2 else
+                                                   {"prompt": p} for i, p in enumerate(prompts)])
     assert [prompt for prompt, _, _ in results] == expected_prompts
     rows = usage_rows(tenant, NUM_STREAMS)
     assert {r.status for r in rows} == {"ok"} and len({r.request_id for r in rows}) == NUM_STREAMS
