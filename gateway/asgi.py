@@ -16,7 +16,17 @@ SESSION_PREFIX = "/v1/playground/"
 
 
 class APIHandler(ASGIHandler):
-    """Django's ASGI handler with an empty middleware chain."""
+    """Django's ASGI handler with an empty middleware chain, and no thread of its own per request.
+
+    Django runs each request in a ``ThreadSensitiveContext``: a new thread per request for its few synchronous
+    steps (the request signals, closing the response), started and joined every time. These views do their
+    database work on the gateway's own database thread (gateway.db), so the remaining steps go to asgiref's one
+    shared thread instead."""
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http":
+            raise ValueError(f"Django can only handle ASGI/HTTP connections, not {scope['type']}.")
+        await self.handle(scope, receive, send)
 
     def load_middleware(self, is_async=False):
         self._view_middleware = []

@@ -42,6 +42,7 @@ class Meter:
         self.prompt_tokens = 0
         self.completion_tokens = 0
         self._task: asyncio.Task | None = None
+        self._settled = asyncio.get_running_loop().create_future()
 
     def observe(self, usage: dict | None) -> None:
         """Take the engine's cumulative usage of a chunk relayed to the client."""
@@ -49,23 +50,30 @@ class Meter:
             self.prompt_tokens = int(usage.get("prompt_tokens") or 0)
             self.completion_tokens = int(usage.get("completion_tokens") or 0)
 
-    @property
-    def finished(self) -> bool:
-        return self._task is not None
-
     async def finish(self, status: str) -> None:
         """Settle the reservation and write the usage row, once; later calls wait for the first one's result."""
+        self._start(status)
+        await asyncio.shield(self._task)
+
+    async def settle(self, status: str) -> None:
+        """Start :meth:`finish` and wait only for the settle (a Redis call): the caller can then end its answer,
+        with the tenant's slot and tokens already corrected, before the usage row's commit."""
+        self._start(status)
+        await asyncio.shield(self._settled)
+
+    def _start(self, status: str) -> None:
         if self._task is None:
             self._task = spawn(self._record(status, time.monotonic()))
-        await asyncio.shield(self._task)
 
     async def _record(self, status: str, ended_at: float) -> None:
         prompt, completion = self.prompt_tokens, self.completion_tokens
         try:
             await settle(self.reservation, prompt, completion)
-        except Exception:
+        except Exception:  # the slot's TTL frees it; the row below is still written
             metrics.usage_write_failures_total.labels(what="settle").inc()
             logger.exception("settle of %s failed", self.request_id)
+        finally:
+            self._settled.set_result(None)
         try:
             await on_db_thread(
                 usage_record_create_async, request_id=self.request_id, tenant_id=self.caller.tenant.id,

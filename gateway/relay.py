@@ -55,19 +55,21 @@ class Relay:
 
     async def _chunks(self) -> AsyncIterator[dict]:
         """The engine's chunks up to ``[DONE]``; GatewayError when the engine fails or times out first."""
-        done = False
+        done, pending = False, b""
         try:
-            async for line in self.response.aiter_lines():
-                if done or not line.startswith("data: "):
-                    continue  # after [DONE]: read to the body's end, so the connection is reused
-                data = line[6:]
-                if data == "[DONE]":
-                    done = True
-                    continue
-                chunk = json.loads(data)
-                if "error" in chunk:
-                    raise _engine_stream_error(chunk["error"])
-                yield chunk
+            # Raw bytes split here: httpx's aiter_lines stacks three more async generators on every chunk.
+            async for data in self.response.aiter_raw():
+                *lines, pending = (pending + data).split(b"\n")
+                for line in lines:
+                    if done or not line.startswith(b"data: "):
+                        continue  # after [DONE]: read to the body's end, so the connection is reused
+                    if line.startswith(b"data: [DONE]"):
+                        done = True
+                        continue
+                    chunk = json.loads(line[6:])
+                    if "error" in chunk:
+                        raise _engine_stream_error(chunk["error"])
+                    yield chunk
             if done:
                 return
         except httpx.TimeoutException:
@@ -120,11 +122,11 @@ class Relay:
                 raise
             await self._close()
             status = OK if failure is None else ERROR
-            await self.meter.finish(status)  # before [DONE]: once the client has it, the row exists
+            await self.meter.settle(status)  # before [DONE]: once the client has it, its quota is corrected
             if failure is not None:
                 yield failure.sse_event()
             yield DONE
-        finally:
+        finally:  # the usage row is written after [DONE], while the server still holds the request
             await self._close()
             await self.meter.finish(status)
 

@@ -64,7 +64,9 @@ def test_the_monthly_budget_is_insufficient_quota(stack):
 def test_concurrent_requests_are_capped_and_the_slot_comes_back_when_a_stream_ends(stack):
     tenant, key = tenant_with_key(quota={**GENEROUS, "max_concurrent_requests": 2})
     client = openai_client(stack, key)
-    streams = [client.completions.create(model="tiny", prompt=PROMPT, max_tokens=400, stream=True,
+    # 16 choices of 480 tokens: seconds of generation, so both are surely still open at the third request (the
+    # engine does not wait for the client to read; a short stream could be over already).
+    streams = [client.completions.create(model="tiny", prompt=PROMPT, max_tokens=480, n=16, stream=True,
                                          extra_body={"ignore_eos": True}) for _ in range(2)]
     for stream in streams:
         next(iter(stream))  # both are generating
@@ -72,7 +74,8 @@ def test_concurrent_requests_are_capped_and_the_slot_comes_back_when_a_stream_en
         assert_refused(completion(http), code="rate_limit_exceeded", limit_name="max_concurrent_requests")
         for stream in streams:
             stream.close()
-        usage_rows(tenant, 2)  # both ended (cancelled) and were settled
+        rows = usage_rows(tenant, 2)  # both ended and were settled
+        assert [r.status for r in rows] == ["cancelled", "cancelled"]
         assert completion(http).status_code == 200
 
 

@@ -51,6 +51,21 @@ def test_concurrent_finishes_settle_and_write_once():
     assert rows == [("req-once", "ok", 10, 4, False)]
 
 
+def test_settle_returns_once_the_quota_is_corrected_and_the_row_follows():
+    caller = caller_of(TenantFactory())
+
+    async def scenario():
+        meter = await open_meter(caller, "req-settle")
+        meter.observe({"prompt_tokens": 10, "completion_tokens": 2})
+        await meter.settle("ok")
+        slots = await slots_in_use(caller.tenant.id)
+        await meter.finish("error")  # waits for the row; the first status stands
+        return slots
+
+    assert async_to_sync(scenario)() == 0
+    assert UsageRecord.objects.get(request_id="req-settle").status == "ok"
+
+
 def test_the_record_is_written_even_when_the_streaming_coroutine_is_cancelled():
     caller = caller_of(TenantFactory(), playground=True)
 

@@ -61,6 +61,9 @@ class FakeMeter:
         if not self.finishes:
             self.finishes.append((status, self.prompt_tokens, self.completion_tokens))
 
+    async def settle(self, status):  # the settle is what the fake records; the row follows it
+        await self.finish(status)
+
 
 class FakePool:
     def __init__(self):
