@@ -191,3 +191,19 @@ def test_a_non_streaming_answer_is_collected_from_the_stream():
                                 "logprobs": lp, "finish_reason": "stop"}]
     assert body["usage"] == {"prompt_tokens": 5, "completion_tokens": 2, "total_tokens": 7}
     assert finishes == [("ok", 5, 2)]
+
+
+def test_chunks_that_arrive_together_go_out_together_and_lines_split_across_reads_are_joined():
+    together = engine_chunk("a", 1) + engine_chunk("b", 2) + engine_chunk("c", 3)
+    split = engine_chunk("d", 4, finish="length")
+    parts = [together, split[:20], split[20:], DONE]
+
+    async def scenario():
+        relay, meter, _, _, _ = await open_relay(parts, stream=True)
+        return await drain(relay), meter.finishes
+
+    events, finishes = asyncio.run(scenario())
+    assert len(events) == 3  # one write for the three that came in one read, one for "d", one for [DONE]
+    texts = [json.loads(e[6:])["choices"][0]["text"] for e in events[0].split(b"\n\n") if e]
+    assert texts == ["a", "b", "c"] and json.loads(events[1][6:])["choices"][0]["text"] == "d"
+    assert finishes == [("ok", 5, 4)]
