@@ -58,21 +58,18 @@ class ReplicaUnavailable(Exception):
         self.retry_after = retry_after
 
 
-def _unavailable(replicas_tried: int, last: ReplicaUnavailable | None) -> GatewayError:
-    headers = {"Retry-After": last.retry_after} if last is not None and last.retry_after else {"Retry-After": "1"}
-    return GatewayError(503, f"No engine could take the request ({replicas_tried} tried); retry shortly.",
-                        code="engine_unavailable", headers=headers)
-
-
 async def on_first_available(candidates: list[Replica], attempt):
-    """``await attempt(replica)`` on each candidate until one does not raise ReplicaUnavailable."""
-    last = None
+    """``await attempt(replica)`` on each candidate until one does not raise ReplicaUnavailable; else a 503 whose
+    Retry-After is the longest an engine asked for (1 s when none said)."""
+    retry_after = 1
     for replica in candidates:
         try:
             return replica, await attempt(replica)
         except ReplicaUnavailable as exc:
-            last = exc
-    raise _unavailable(len(candidates), last)
+            if exc.retry_after and exc.retry_after.isdigit():
+                retry_after = max(retry_after, int(exc.retry_after))
+    raise GatewayError(503, f"No engine could take the request ({len(candidates)} tried); retry shortly.",
+                       code="engine_unavailable", headers={"Retry-After": str(retry_after)})
 
 
 def engine_error(exc: EngineError, model: str) -> GatewayError:

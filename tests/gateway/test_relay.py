@@ -6,6 +6,7 @@ import json
 
 import httpx
 
+from gateway.errors import GatewayError
 from gateway.parsing import parse_request
 from gateway.relay import Relay
 from gateway.replicas import Replica
@@ -207,3 +208,26 @@ def test_chunks_that_arrive_together_go_out_together_and_lines_split_across_read
     texts = [json.loads(e[6:])["choices"][0]["text"] for e in events[0].split(b"\n\n") if e]
     assert texts == ["a", "b", "c"] and json.loads(events[1][6:])["choices"][0]["text"] == "d"
     assert finishes == [("ok", 5, 4)]
+
+
+def test_an_engine_that_falls_silent_ends_the_stream_with_a_timeout_error():
+    async def scenario():
+        relay, meter, _, _, _ = await open_relay([engine_chunk("a", 1), httpx.ReadTimeout("silent")], stream=True)
+        return sse_bodies(await drain(relay)), meter.finishes
+
+    bodies, finishes = asyncio.run(scenario())
+    assert bodies[-2]["error"]["code"] == "engine_timeout" and bodies[-1] == "[DONE]"
+    assert finishes == [("error", 5, 1)]
+
+
+def test_a_non_streaming_request_whose_engine_fails_is_an_error_metered_for_its_tokens():
+    async def scenario():
+        relay, meter, _, _, _ = await open_relay([engine_chunk("a", 1), engine_chunk("b", 2),
+                                                  httpx.RemoteProtocolError("peer closed")])
+        try:
+            await relay.collect()
+        except GatewayError as exc:
+            return exc, meter.finishes
+
+    error, finishes = asyncio.run(scenario())
+    assert (error.status, error.code) == (502, "engine_failed") and finishes == [("error", 5, 2)]
