@@ -36,6 +36,7 @@ class Relay:
         self._first_token_seen = False
         self._started = False
         self._closed = False
+        self._start_timer: asyncio.TimerHandle | None = None
         replica.in_flight += 1  # its load estimate, until this request ends
         metrics.streams_open.inc()
 
@@ -43,7 +44,7 @@ class Relay:
         """End the request if the stream is not being read within ``deadline_s``: a client that disconnects
         after the view returned but before the server began sending never starts :meth:`events`, whose
         cleanup would then never run."""
-        asyncio.get_running_loop().call_later(deadline_s, self._abandon_unstarted)
+        self._start_timer = asyncio.get_running_loop().call_later(deadline_s, self._abandon_unstarted)
 
     def _abandon_unstarted(self) -> None:
         if not self._started and not self._closed:
@@ -111,6 +112,8 @@ class Relay:
     async def events(self) -> AsyncIterator[bytes]:
         """The client's SSE stream."""
         self._started = True
+        if self._start_timer is not None:
+            self._start_timer.cancel()
         if self._closed:  # abandoned: nobody read it in time
             return
         status, failure = ERROR, None
