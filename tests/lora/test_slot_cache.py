@@ -249,3 +249,31 @@ def test_stats_have_the_protocol_shape(make_cache, adapter_root):
     assert {k: stats[k] for k in ("slots", "host_tier", "hits", "misses", "evictions")} == {
         "slots": 2, "host_tier": ["id-d"], "hits": 0, "misses": 1, "evictions": 0}
     assert stats["load_ms_p50"] > 0 and stats["load_ms_p99"] >= stats["load_ms_p50"]
+
+
+def test_what_the_scheduler_and_the_admin_api_ask(make_cache, adapter_root):
+    cache = make_cache(max_loras=2)
+    assert cache.describe("id-a") is None and cache.loaded_ids() == [] and cache.num_loading == 0
+    cache.request_load(request(adapter_root, "a"))
+    assert cache.num_loading == 1
+    cache.wait_for_load(30)  # returns once the load is done, without polling
+    assert cache.num_loading == 1 and len(cache.poll()) == 1 and cache.num_loading == 0
+    load(cache, adapter_root, "b", "c")
+    info = cache.describe("id-a")
+    assert {k: info[k] for k in ("id", "rank", "slot", "pinned_by", "in_host_tier", "scaling")} == {
+        "id": "id-a", "rank": 8, "slot": None, "pinned_by": 0, "in_host_tier": True, "scaling": 2.0}
+    assert info["target_modules"] == ["q_proj", "v_proj"] and info["load_ms"] > 0
+    cache.acquire("id-c")
+    cache.acquire("id-c")
+    cache.acquire("id-b")
+    assert cache.is_resident("id-c") and not cache.is_resident("id-a")
+    assert cache.pin_counts() == {"id-c": 2, "id-b": 1}  # by slot
+    assert cache.loaded_ids() == ["id-c", "id-b", "id-a"]  # slots first, then the host tier's LRU order
+    cache.unload("id-b")
+    assert cache.is_unloading("id-b") and not cache.is_resident("id-b") and cache.pin_counts() == {"id-c": 2}
+    assert cache.describe("id-b") == {"id": "id-b", "slot": 1, "pinned_by": 1, "in_host_tier": False, "rank": 16,
+                                      "sha256": cache.content_hash("id-b")}
+    cache.release("id-b")
+    assert not cache.is_unloading("id-b") and cache.describe("id-b") is None
+    cache.release("id-c")
+    cache.release("id-c")
