@@ -1,6 +1,7 @@
 """Shared pieces of the engine-level LoRA tests: PEFT adapters of a tiny random Llama, transformers+PEFT greedy
 outputs as the oracle, and an engine factory."""
 
+import contextlib
 import hashlib
 from pathlib import Path
 
@@ -8,7 +9,7 @@ import torch
 
 from engine import LLM, LoRARequest, SamplingParams
 from engine.lora.fingerprint import TARGET_MODULES
-from tests.support.peft_factory import make_peft_adapter
+from tests.support.peft_factory import make_peft_adapters
 
 MAX_TOKENS = 12
 GREEDY = SamplingParams(temperature=0, max_tokens=MAX_TOKENS, ignore_eos=True)
@@ -28,8 +29,8 @@ def prompts_of_lengths(lengths: list[int], offset: int = 11) -> list[list[int]]:
 
 
 def make_adapters(model_dir: Path, root: Path, specs: dict = ADAPTERS, b_std: float = 0.2) -> dict[str, Path]:
-    return {name: make_peft_adapter(model_dir, root / name, seed=100 + i, b_std=b_std, **options)
-            for i, (name, options) in enumerate(specs.items())}
+    return make_peft_adapters(model_dir, root, {name: dict(seed=100 + i, b_std=b_std, **options)
+                                                for i, (name, options) in enumerate(specs.items())})
 
 
 def sha256_of(folder: Path) -> str:
@@ -41,30 +42,35 @@ def lora_request(name: str, folder: Path, **kwargs) -> LoRARequest:
 
 
 class PeftOracle:
-    """Greedy tokens of transformers (+ PEFT for an adapter), one prompt at a time, cached."""
+    """Greedy tokens of transformers + PEFT (one model, every adapter loaded, ``set_adapter`` per request; the
+    adapters disabled for the base model), one prompt at a time, cached."""
 
     def __init__(self, model_dir: Path, adapters: dict[str, Path]):
         self.model_dir, self.adapters = model_dir, adapters
-        self._models, self._results = {}, {}
+        self._model, self._results = None, {}
 
-    def _model(self, name: str | None):
+    def _peft_model(self):
         from peft import PeftModel
         from transformers import AutoModelForCausalLM
 
-        if name not in self._models:
-            model = AutoModelForCausalLM.from_pretrained(self.model_dir, dtype=torch.float32)
-            if name is not None:
-                model = PeftModel.from_pretrained(model, self.adapters[name])
-            self._models[name] = model.eval()
-        return self._models[name]
+        if self._model is None:
+            base = AutoModelForCausalLM.from_pretrained(self.model_dir, dtype=torch.float32)
+            names = list(self.adapters)
+            model = PeftModel.from_pretrained(base, self.adapters[names[0]], adapter_name=names[0])
+            for name in names[1:]:
+                model.load_adapter(self.adapters[name], adapter_name=name)
+            self._model = model.eval()
+        return self._model
 
     def greedy(self, name: str | None, prompt: list[int], max_tokens: int = MAX_TOKENS) -> list[int]:
         key = (name, tuple(prompt), max_tokens)
         if key not in self._results:
-            ids = torch.tensor([prompt])
-            with torch.no_grad():
-                out = self._model(name).generate(ids, attention_mask=torch.ones_like(ids), do_sample=False,
-                                                 max_new_tokens=max_tokens, min_new_tokens=max_tokens)
+            model, ids = self._peft_model(), torch.tensor([prompt])
+            with torch.no_grad(), (model.disable_adapter() if name is None else contextlib.nullcontext()):
+                if name is not None:
+                    model.set_adapter(name)
+                out = model.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False,
+                                     max_new_tokens=max_tokens, min_new_tokens=max_tokens)
             self._results[key] = out[0, len(prompt):].tolist()
         return self._results[key]
 
