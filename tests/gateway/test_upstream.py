@@ -40,8 +40,9 @@ class Engines:
 
 def run(engines: Engines, scenario):
     async def main():
-        async with httpx.AsyncClient(transport=httpx.MockTransport(engines)) as http:
-            upstream = Upstream(http, ReplicaPool(URLS, http, "key", ttl_s=60))
+        transport = httpx.MockTransport(engines)
+        async with httpx.AsyncClient(transport=transport) as http:
+            upstream = Upstream(http, transport, ReplicaPool(URLS, http, "key", ttl_s=60))
             candidates = await upstream.pool.candidates(None)
             candidates.sort(key=lambda r: r.url)  # a first, then b
             return await scenario(upstream, candidates)
