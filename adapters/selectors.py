@@ -5,6 +5,7 @@ to the :class:`ServableAdapter` an engine request needs, or None when nothing re
 """
 
 from dataclasses import dataclass
+from datetime import datetime
 
 from django.db.models import Count, Max, Q, QuerySet, Sum
 from django.db.models.functions import Coalesce
@@ -31,6 +32,15 @@ class ServableAdapter:
     def source(self) -> dict:
         """The ``"adapter"`` field of an engine request (ENGINE_PROTOCOL.md)."""
         return {"id": self.engine_id, "uri": self.uri, "sha256": self.sha256}
+
+
+@dataclass(frozen=True, slots=True)
+class ReadyAdapter:
+    """An adapter a tenant can call by name: it has a ready version."""
+
+    name: str
+    latest_version: int
+    created_at: datetime
 
 
 def adapter_list(*, tenant: Tenant) -> QuerySet[Adapter]:
@@ -104,6 +114,15 @@ def adapter_resolve(*, tenant_id: int, ref: str) -> ServableAdapter | None:
     """``name`` -> its newest ready version, ``name:N`` -> version N if ready; None if not found, not ready or
     deleted. ValueError for a malformed reference."""
     return _as_servable(_servable(tenant_id, ref).first())
+
+
+async def adapter_ready_list_async(*, tenant_id: int) -> list[ReadyAdapter]:
+    """The tenant's live adapters that have a ready version (what ``GET /v1/models`` lists), by name."""
+    ready = Q(versions__status=READY, versions__deleted_at__isnull=True)
+    rows = (Adapter.objects.filter(tenant_id=tenant_id, deleted_at__isnull=True).filter(ready)
+            .annotate(latest_version=Max("versions__number", filter=ready))
+            .values_list("name", "latest_version", "created_at").order_by("name"))
+    return [ReadyAdapter(name, version, created) async for name, version, created in rows]
 
 
 async def adapter_resolve_async(*, tenant_id: int, ref: str) -> ServableAdapter | None:

@@ -134,6 +134,17 @@ BASE_MODEL_NAME = env_str("BASE_MODEL_NAME", "smollm2-135m-instruct")
 BASE_MODEL_CONFIG = env_str("BASE_MODEL_CONFIG", "")
 MAX_LORA_RANK = env_int("MAX_LORA_RANK", 64, minimum=1, maximum=512)
 
+# --- Inference gateway (/v1): how it reaches the engines ---
+# Replica health and load (/health and /stats) are re-read this often; requests use the last known state meanwhile.
+GATEWAY_HEALTH_TTL_MS = env_int("GATEWAY_HEALTH_TTL_MS", 1000, minimum=50)
+GATEWAY_ENGINE_CONNECT_TIMEOUT_MS = env_int("GATEWAY_ENGINE_CONNECT_TIMEOUT_MS", 2000, minimum=10)
+# The longest an engine may stay silent: before its first byte (queueing, prefill) and between two chunks.
+GATEWAY_ENGINE_READ_TIMEOUT_S = env_int("GATEWAY_ENGINE_READ_TIMEOUT_S", 120, minimum=1)
+# Connections per event loop of a gateway process to all engines together (one per open stream).
+GATEWAY_MAX_ENGINE_CONNECTIONS = env_int("GATEWAY_MAX_ENGINE_CONNECTIONS", 1024, minimum=1)
+# Bearer token Prometheus must send to GET /metrics; empty: the endpoint is open (keep it off the public proxy).
+METRICS_TOKEN = env_str("METRICS_TOKEN", "")
+
 # --- Adapter registry ---
 # Validation ends with a load and a short generation on one engine. On by default whenever engines are
 # configured; an explicit ENGINE_URLS="" (no engines) turns it off unless asked for, which is then an error.
@@ -215,6 +226,8 @@ LOGGING = {
     "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s %(message)s"}},
     "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
     "root": {"handlers": ["console"], "level": env_str("LOG_LEVEL", "INFO")},
+    # httpx logs every request at INFO: one line per engine call of the gateway is noise, and costs CPU.
+    "loggers": {"httpx": {"level": "WARNING"}, "httpcore": {"level": "WARNING"}},
 }
 
 # --- Production hardening (what `manage.py check --deploy` asks for); TLS ends at the proxy in front. ---

@@ -3,9 +3,12 @@ from django.urls import include, path
 from drf_spectacular.views import SpectacularAPIView, SpectacularRedocView, SpectacularSwaggerView
 
 from config.health import health
+from gateway.metrics import metrics_view
 
 urlpatterns = [
     path("health", health, name="health"),
+    path("metrics", metrics_view, name="metrics"),  # the gateway's Prometheus metrics
+    path("v1/", include("gateway.urls")),  # the OpenAI-compatible inference API
     path("admin/", admin.site.urls),
     path("api/", include("tenants.api.urls")),
     path("api/", include("adapters.api.urls")),

@@ -47,6 +47,7 @@ class KeyAuthenticator:
         self._entries: OrderedDict[str, _Entry] = OrderedDict()  # sha256 of the raw key -> result, LRU order
         self._generation: bytes | None = None
         self._last_used_written: dict[str, float] = {}
+        self._loading: dict[str, asyncio.Future] = {}  # sha256 of the raw key -> its lookup in progress
         self.num_db_lookups = 0
 
     async def authenticate(self, raw_key: str | None, *, scope: str | None = "inference") -> KeyInfo | AuthFailure:
@@ -58,7 +59,7 @@ class KeyAuthenticator:
         entry = self._entries.get(digest)
         now = self.clock()
         if entry is None or now - entry.loaded_at > self.ttl_s:
-            entry = _Entry(await self._load(raw_key), now)
+            entry = _Entry(await self._load_once(digest, raw_key), now)
             self._remember(digest, entry)
         else:
             self._entries.move_to_end(digest)
@@ -80,6 +81,15 @@ class KeyAuthenticator:
         if generation != self._generation:
             self._entries.clear()
             self._generation = generation
+
+    async def _load_once(self, digest: str, raw_key: str) -> KeyInfo | AuthFailure:
+        """One database lookup however many requests with this key arrive while it runs (a burst of a new key
+        would otherwise open one database connection per request)."""
+        pending = self._loading.get(digest)
+        if pending is None:
+            pending = self._loading[digest] = asyncio.ensure_future(self._load(raw_key))
+            pending.add_done_callback(lambda _: self._loading.pop(digest, None))
+        return await asyncio.shield(pending)  # a cancelled request must not cancel the others' lookup
 
     async def _load(self, raw_key: str) -> KeyInfo | AuthFailure:
         from tenants.selectors import api_key_lookup_async

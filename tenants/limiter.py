@@ -98,6 +98,7 @@ class QuotaLimiter:
         self._reserve = redis.register_script((_LUA / "reserve.lua").read_text())
         self._settle = redis.register_script((_LUA / "settle.lua").read_text())
         self._rebuild = redis.register_script((_LUA / "rebuild_month.lua").read_text())
+        self._peek = redis.register_script((_LUA / "peek.lua").read_text())
 
     @staticmethod
     def keys(tenant_id: int, month: str, reservation_id: str = "") -> dict[str, str]:
@@ -156,6 +157,14 @@ class QuotaLimiter:
         names = [keys["costs"], keys["tokens"], keys["slots"], keys["month"], keys["record"]]
         return bool(await self._settle(keys=names, args=[reservation.id, actual_tokens]))
 
+    async def peek(self, tenant: TenantInfo) -> dict[str, str]:
+        """The x-ratelimit-* header values as they stand, reserving nothing (for answers refused before
+        `reserve`, such as an unknown model)."""
+        keys = self.keys(tenant.id, "")
+        requests_used, tokens_used, reset_ms = map(int, await self._peek(
+            keys=[keys["window"], keys["costs"], keys["tokens"]], args=[self.window_ms]))
+        return self._rate_headers(tenant.quota, requests_used, tokens_used, reset_ms)
+
     async def rebuild_month(self, tenant_id: int, month_start: datetime, next_month: datetime) -> bool:
         """Recreate the month counter from the usage table unless it exists; True when this call created it."""
         used = int(await self.month_usage(tenant_id, month_start, next_month))
@@ -213,6 +222,11 @@ async def reserve(tenant: TenantInfo, key_id: str | None, prompt_tokens: int,
                   max_tokens: int | None) -> Reservation | Refusal:
     """Reserve prompt_tokens + max_tokens (the tenant's default when None) and one slot, or say why not."""
     return await default_limiter().reserve(tenant, key_id, prompt_tokens, max_tokens)
+
+
+async def peek(tenant: TenantInfo) -> dict[str, str]:
+    """The tenant's x-ratelimit-* headers now, without reserving anything."""
+    return await default_limiter().peek(tenant)
 
 
 async def settle(reservation: Reservation, prompt_tokens: int, completion_tokens: int) -> bool:

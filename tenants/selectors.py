@@ -150,14 +150,15 @@ async def api_key_lookup_async(raw_key: str) -> KeyInfo | AuthFailure:
     failure = api_key_check(key, raw_key)
     if failure is not None:
         return failure
-    quota = await _quota_effective_async(key.tenant)
+    quota = await quota_effective_async(tenant=key.tenant)
     return KeyInfo(
         key_id=key.prefix, name=key.name, tenant=TenantInfo(id=key.tenant.id, slug=key.tenant.slug, quota=quota),
         scopes=frozenset(key.scopes), adapter_names=frozenset(key.adapter_names), expires_at=key.expiry_date,
     )
 
 
-async def _quota_effective_async(tenant: Tenant) -> EffectiveQuota:
+async def quota_effective_async(*, tenant: Tenant) -> EffectiveQuota:
+    """:func:`quota_effective` for async code (the gateway's playground)."""
     from django.conf import settings
 
     quota = await Quota.objects.filter(tenant=tenant).afirst()

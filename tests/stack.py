@@ -31,7 +31,24 @@ def database_url() -> str:
     return f"postgres://{user}@{host}:{port}/{db['NAME']}"
 
 
-def start_stack(log_dir: Path, *, engine_argvs: list[list[str]] = ()) -> Stack:
+STACK_MODEL_NAME = "tiny"
+ENGINE_API_KEY = "stack-engine-key"
+
+
+def engine_argv(model_dir: Path, log_dir: Path) -> list[str]:
+    """An engine on the stack's tiny model (the port is added by start_stack)."""
+    key_file = log_dir / "engine-key"
+    log_dir.mkdir(parents=True, exist_ok=True)
+    key_file.write_text(ENGINE_API_KEY)
+    return python("-m", "engine", "serve", str(model_dir), "--host", "127.0.0.1", "--served-model-name",
+                  STACK_MODEL_NAME, "--api-key-file", str(key_file), "--kv-cache-memory", "64MiB",
+                  "--max-model-len", "512", "--no-enable-lora")
+
+
+def start_stack(log_dir: Path, *, model_dir: Path | None = None, num_engines: int = 0) -> Stack:
+    """The stack; with ``num_engines`` engine replicas on the tiny model in ``model_dir``, which then is the
+    base model the control plane serves and validates adapters against."""
+    engine_argvs = [engine_argv(model_dir, log_dir) for _ in range(num_engines)]
     s3 = ensure_s3()
     redis_url = os.environ.get("REDIS_URL") or ensure_redis()
     engine_ports = [free_port() for _ in engine_argvs]
@@ -42,14 +59,17 @@ def start_stack(log_dir: Path, *, engine_argvs: list[list[str]] = ()) -> Stack:
         "DATABASE_URL": database_url(),
         "REDIS_URL": redis_url,
         "ENGINE_URLS": ",".join(engine_urls),
-        "ENGINE_API_KEY": "stack-engine-key",
+        "ENGINE_API_KEY": ENGINE_API_KEY,
         "PYTHONUNBUFFERED": "1",
         **s3.env(),
     }
+    if model_dir is not None:
+        env.update(BASE_MODEL_NAME=STACK_MODEL_NAME, BASE_MODEL_CONFIG=str(model_dir / "config.json"))
     group = ProcessGroup(log_dir=log_dir, env=env)
     try:
         for argv, port in zip(engine_argvs, engine_ports, strict=True):
-            group.start(f"engine-{port}", [*argv, "--port", str(port)], port=port, wait_s=180)
+            group.start(f"engine-{port}", [*argv, "--port", str(port)], port=port, wait_s=180,
+                        extra_env={"KERNELS_BACKEND": ""})
         web_port = free_port()
         group.start("web", python("-m", "uvicorn", "config.asgi:application", "--host", "127.0.0.1",
                                   "--port", str(web_port), "--lifespan", "off", "--no-access-log"), port=web_port)

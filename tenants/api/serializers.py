@@ -176,7 +176,7 @@ class UsageRecordSerializer(serializers.ModelSerializer):
     class Meta:
         model = UsageRecord
         fields = ["request_id", "api_key", "adapter", "prompt_tokens", "completion_tokens", "status", "latency_ms",
-                  "created_at"]
+                  "created_at", "playground"]
         read_only_fields = fields
 
 

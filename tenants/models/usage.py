@@ -27,6 +27,8 @@ class UsageRecord(models.Model):
     status = models.CharField(max_length=16, choices=UsageStatus.choices)
     latency_ms = models.PositiveIntegerField()
     created_at = models.DateTimeField(db_index=True)
+    # Sent from the web console's playground (session-authenticated, no API key), billed to the tenant all the same.
+    playground = models.BooleanField(default=False)
 
     class Meta:
         ordering = ["-created_at", "-id"]

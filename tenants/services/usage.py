@@ -17,7 +17,8 @@ _ROLLUP_FIELDS = ["num_requests", "num_errors", "num_cancelled", "prompt_tokens"
 
 
 def _usage_row(*, request_id: str, tenant_id: int, api_key_id: str | None, adapter: str, prompt_tokens: int,
-               completion_tokens: int, status: str, latency_ms: int, created_at: datetime | None) -> UsageRecord:
+               completion_tokens: int, status: str, latency_ms: int, created_at: datetime | None,
+               playground: bool = False) -> UsageRecord:
     if not request_id or len(request_id) > 100:
         raise ValueError(f"request_id must be 1 to 100 characters, got {request_id!r}")
     if status not in UsageStatus.values:
@@ -28,7 +29,7 @@ def _usage_row(*, request_id: str, tenant_id: int, api_key_id: str | None, adapt
             raise ValueError(f"{name} must be a non-negative integer, got {value!r}")
     return UsageRecord(request_id=request_id, tenant_id=tenant_id, api_key_id=api_key_id, adapter=adapter,
                        prompt_tokens=prompt_tokens, completion_tokens=completion_tokens, status=status,
-                       latency_ms=latency_ms, created_at=created_at or timezone.now())
+                       latency_ms=latency_ms, created_at=created_at or timezone.now(), playground=playground)
 
 
 def usage_record_create(**fields) -> None:
@@ -39,11 +40,12 @@ def usage_record_create(**fields) -> None:
 
 async def usage_record_create_async(*, request_id: str, tenant_id: int, api_key_id: str | None, adapter: str,
                                     prompt_tokens: int, completion_tokens: int, status: str, latency_ms: int,
-                                    created_at: datetime | None = None) -> None:
-    """The gateway's write of one request's row, once per request_id (a repeat is ignored)."""
+                                    created_at: datetime | None = None, playground: bool = False) -> None:
+    """The gateway's write of one request's row, once per request_id (a repeat is ignored). `playground` marks
+    requests from the web console's playground (no API key)."""
     row = _usage_row(request_id=request_id, tenant_id=tenant_id, api_key_id=api_key_id, adapter=adapter,
                      prompt_tokens=prompt_tokens, completion_tokens=completion_tokens, status=status,
-                     latency_ms=latency_ms, created_at=created_at)
+                     latency_ms=latency_ms, created_at=created_at, playground=playground)
     await UsageRecord.objects.abulk_create([row], ignore_conflicts=True)
 
 

@@ -6,6 +6,7 @@ import pytest
 from config.celery import app as celery_app
 from devstack.services import port_open
 from tests.stack import start_stack
+from tests.support.tiny_llama import make_tiny_llama
 
 
 @pytest.mark.django_db(transaction=True)
@@ -13,11 +14,16 @@ def test_stack_comes_up_and_down_cleanly(tmp_path):
     from django.contrib.auth import get_user_model
 
     get_user_model().objects.create_user("stack-probe", password="x-long-password-1", is_staff=True)
-    stack = start_stack(tmp_path / "logs")
+    stack = start_stack(tmp_path / "logs", model_dir=make_tiny_llama(tmp_path / "model"), num_engines=1)
     procs = [child.proc for child in stack.group.children]
     web_port = int(stack.web_url.rsplit(":", 1)[1])
+    engine_port = int(stack.engine_urls[0].rsplit(":", 1)[1])
     try:
         assert httpx.get(f"{stack.web_url}/health", timeout=10).json() == {"status": "ok"}
+        assert httpx.get(f"{stack.engine_urls[0]}/health", timeout=10).json() == {"status": "ok"}
+        models = httpx.get(f"{stack.engine_urls[0]}/v1/models", timeout=10,
+                           headers={"Authorization": f"Bearer {stack.engine_api_key}"}).json()
+        assert models["data"][0]["id"] == "tiny"
         replies = celery_app.control.ping(timeout=5)
         assert replies, "no Celery worker answered a ping"
         # The web process reads the same (test) database as this process: the user made here can log in there.
@@ -33,4 +39,4 @@ def test_stack_comes_up_and_down_cleanly(tmp_path):
     finally:
         stack.group.stop()
     assert all(proc.poll() is not None for proc in procs)
-    assert not port_open("127.0.0.1", web_port)
+    assert not port_open("127.0.0.1", web_port) and not port_open("127.0.0.1", engine_port)

@@ -1,5 +1,6 @@
 """authenticate_api_key: cached per process, and every change reaches another process on its next request."""
 
+import asyncio
 import json
 import os
 import subprocess
@@ -52,6 +53,23 @@ def test_valid_key_gives_tenant_quota_scopes_and_adapters(redis_db):
     assert info.scopes == {"inference"} and info.allows_adapter("sql") and not info.allows_adapter("other")
     key.refresh_from_db()
     assert key.last_used_at is not None
+
+
+@pytest.mark.django_db
+def test_a_burst_of_one_new_key_makes_one_database_lookup(redis_db):
+    _, raw = services.api_key_create(tenant=TenantFactory(), name="k", scopes=["inference"])
+
+    async def main():
+        client = aioredis.Redis.from_url(settings.REDIS_URL)
+        authenticator = KeyAuthenticator(client)
+        try:
+            results = await asyncio.gather(*(authenticator.authenticate(raw) for _ in range(50)))
+            return results, authenticator.num_db_lookups
+        finally:
+            await client.aclose()
+
+    results, lookups = async_to_sync(main)()
+    assert lookups == 1 and all(isinstance(r, KeyInfo) for r in results)
 
 
 @pytest.mark.django_db

@@ -125,6 +125,32 @@ def test_a_refusal_takes_nothing(redis_db):
     assert s == {"requests": 1, "tokens": 950, "costs": {admitted.id: 950}, "slots": 1, "month": 950}
 
 
+def test_peek_reports_the_window_without_taking_anything(redis_db):
+    async def scenario(limiter, client):
+        empty = await limiter.peek(tenant())
+        admitted = await limiter.reserve(tenant(), "k", 30, 20)
+        before = await state(limiter, client, 1, admitted.month)
+        seen = await limiter.peek(tenant())
+        return empty, admitted, seen, before, await state(limiter, client, 1, admitted.month)
+
+    empty, admitted, seen, before, after = run(scenario)
+    assert empty["x-ratelimit-remaining-requests"] == "5" and empty["x-ratelimit-remaining-tokens"] == "1000"
+    assert empty["x-ratelimit-reset-requests"] == "0ms"
+    assert seen["x-ratelimit-remaining-requests"] == admitted.headers["x-ratelimit-remaining-requests"] == "4"
+    assert seen["x-ratelimit-remaining-tokens"] == "950"
+    assert before == after
+
+
+def test_peek_forgets_what_left_the_window(redis_db):
+    async def scenario(limiter, client):
+        await limiter.reserve(tenant(), "k", 100, 100)
+        await asyncio.sleep(0.25)
+        return await limiter.peek(tenant())
+
+    seen = run(scenario, window_ms=200)
+    assert (seen["x-ratelimit-remaining-requests"], seen["x-ratelimit-remaining-tokens"]) == ("5", "1000")
+
+
 def test_window_frees_requests_and_tokens_after_it_passes(redis_db):
     async def scenario(limiter, client):
         quota = dict(requests_per_minute=3, max_concurrent_requests=100)

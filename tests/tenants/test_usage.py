@@ -44,6 +44,19 @@ def test_async_write_for_the_gateway():
     assert UsageRecord.objects.filter(tenant=tenant).count() == 1
 
 
+def test_playground_rows_are_marked_and_billed_to_the_tenant():
+    tenant = TenantFactory()
+    write = async_to_sync(services.usage_record_create_async)
+    write(request_id="p1", tenant_id=tenant.pk, api_key_id=None, adapter="", prompt_tokens=5, completion_tokens=6,
+          status="ok", latency_ms=20, playground=True)
+    write(request_id="k1", tenant_id=tenant.pk, api_key_id=None, adapter="", prompt_tokens=1, completion_tokens=2,
+          status="ok", latency_ms=20)
+    rows = dict(UsageRecord.objects.filter(tenant=tenant).values_list("request_id", "playground"))
+    assert rows == {"p1": True, "k1": False}
+    assert selectors.usage_tokens_between_sync(tenant_id=tenant.pk, start=datetime.now(UTC) - timedelta(hours=1),
+                                               end=datetime.now(UTC) + timedelta(hours=1)) == 14
+
+
 def test_rollup_equals_the_sum_of_raw_rows_and_is_idempotent():
     rng = random.Random(7)
     tenants = [TenantFactory(), TenantFactory()]

@@ -1,0 +1,62 @@
+"""Who is calling: a tenant's API key (the OpenAI-compatible API) or a signed-in person (the console's playground).
+
+Both end as a :class:`Caller`, so the playground goes through exactly the same path as API traffic and is billed
+to the tenant; its usage rows are marked ``playground``.
+"""
+
+from dataclasses import dataclass
+
+from gateway.errors import GatewayError
+from tenants.identity import KeyInfo, TenantInfo
+from tenants.key_auth import authenticate_api_key
+from tenants.models import Membership, Scope, Tenant
+from tenants.selectors import quota_effective_async
+
+
+@dataclass(frozen=True, slots=True)
+class Caller:
+    tenant: TenantInfo
+    key_id: str | None  # the API key's prefix; None for the playground
+    adapter_names: frozenset[str]  # adapters this caller may use; empty: all of the tenant's
+    playground: bool = False
+
+    def allows_adapter(self, name: str) -> bool:
+        return not self.adapter_names or name in self.adapter_names
+
+    @classmethod
+    def of_key(cls, key: KeyInfo) -> "Caller":
+        return cls(tenant=key.tenant, key_id=key.key_id, adapter_names=key.adapter_names)
+
+
+def bearer_token(request) -> str | None:
+    header = request.headers.get("Authorization", "")
+    scheme, _, token = header.partition(" ")
+    return token.strip() if scheme.lower() == "bearer" and token.strip() else None
+
+
+async def caller_from_key(request) -> Caller:
+    """The caller behind ``Authorization: Bearer <key>`` with the inference scope; 401/403 otherwise."""
+    result = await authenticate_api_key(bearer_token(request), scope=Scope.INFERENCE)
+    if not isinstance(result, KeyInfo):
+        code = {"scope": "insufficient_scope", "suspended": "tenant_suspended"}.get(result.reason, "invalid_api_key")
+        raise GatewayError(result.status, result.message, code=code)
+    return Caller.of_key(result)
+
+
+async def caller_from_session(request, slug: str) -> Caller:
+    """The signed-in person acting for tenant ``slug`` in the playground: its members and operators.
+
+    Anyone else gets the 404 an unknown tenant gets (never a 403 that would reveal it exists)."""
+    user = await request.auser()
+    if not user.is_authenticated or not user.is_active:
+        raise GatewayError(401, "Sign in to use the playground.", code="not_authenticated")
+    tenant = await Tenant.objects.filter(slug=slug).afirst()
+    allowed = tenant is not None and (
+        user.is_staff or await Membership.objects.filter(tenant=tenant, user=user).aexists())
+    if not allowed:
+        raise GatewayError(404, "No such tenant.", code="not_found")
+    if not tenant.is_active:
+        raise GatewayError(403, "This tenant is suspended.", code="tenant_suspended")
+    quota = await quota_effective_async(tenant=tenant)
+    return Caller(tenant=TenantInfo(id=tenant.id, slug=tenant.slug, quota=quota), key_id=None,
+                  adapter_names=frozenset(), playground=True)

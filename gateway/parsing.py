@@ -1,0 +1,141 @@
+"""A client's completion or chat request, checked before anything is reserved, and the body sent to an engine.
+
+The gateway checks every field's name and type (400 naming the field: unsupported OpenAI features are refused,
+never ignored) and the values it acts on itself (model, stream, max_tokens, n, prompt); the engine checks the
+remaining values (temperature ranges, stop lists, ...). Clients cannot send the engine-only extensions
+(``adapter``, ``fairness_key``): the gateway sets those.
+"""
+
+import json
+from dataclasses import dataclass
+
+from gateway.errors import bad_request
+
+MAX_CHOICES = 16  # prompts x n of one request (the engine's own cap on n)
+_NONE = type(None)
+_NUMBER = (int, float, _NONE)
+
+_COMMON = {
+    "model": (str,), "max_tokens": (int, _NONE), "temperature": _NUMBER, "top_p": _NUMBER, "n": (int, _NONE),
+    "stream": (bool, _NONE), "stream_options": (dict, _NONE), "stop": (str, list, _NONE), "seed": (int, _NONE),
+    "presence_penalty": _NUMBER, "frequency_penalty": _NUMBER, "user": (str, _NONE), "metadata": (dict, _NONE),
+    # the engine's sampling extensions (vLLM's names)
+    "ignore_eos": (bool,), "min_tokens": (int,), "top_k": (int,), "min_p": (int, float),
+    "repetition_penalty": (int, float), "stop_token_ids": (list, _NONE),
+}
+_SPECS = {
+    "completion": {**_COMMON, "prompt": (str, list), "logprobs": (int, _NONE), "echo": (bool, _NONE),
+                   "best_of": (int, _NONE), "suffix": (str, _NONE)},
+    "chat": {**_COMMON, "messages": (list,), "logprobs": (bool, _NONE), "top_logprobs": (int, _NONE),
+             "max_completion_tokens": (int, _NONE), "response_format": (dict, _NONE), "store": (bool, _NONE),
+             "parallel_tool_calls": (bool, _NONE)},
+}
+_UNSUPPORTED = {"tools", "tool_choice", "functions", "function_call", "logit_bias", "audio", "modalities",
+                "prediction", "web_search_options", "reasoning_effort", "service_tier"}
+# Fields the gateway answers itself or that mean nothing to an engine.
+_NOT_FORWARDED = {"model", "max_tokens", "max_completion_tokens", "stream", "stream_options", "user", "metadata",
+                  "store"}
+
+
+@dataclass(slots=True)
+class InferenceRequest:
+    kind: str  # "completion" | "chat"
+    body: dict  # the client's fields, checked
+    model: str
+    stream: bool
+    include_usage: bool  # the client wants the final usage chunk
+    continuous_usage: bool  # the client wants usage in every chunk
+    max_tokens: int | None  # the completion budget the client asked for (None: the tenant's default)
+    n: int
+    prompts: list  # completion: each prompt (a string or token ids); chat: empty
+
+    @property
+    def num_choices(self) -> int:
+        return max(1, len(self.prompts)) * self.n
+
+    def tokenize_bodies(self) -> list[dict]:
+        """One ``/tokenize`` body per prompt (ENGINE_PROTOCOL.md). Token-id prompts go too: the answer also
+        carries the context length."""
+        if self.kind == "chat":
+            return [{"messages": self.body["messages"]}]
+        return [{"prompt": p} for p in self.prompts]
+
+    def engine_body(self, *, engine_model: str, max_tokens: int, adapter: dict | None, fairness_key: str) -> dict:
+        """What the engine gets: always a stream with cumulative usage in every chunk, whatever the client asked,
+        so that a stream cut anywhere is metered exactly."""
+        body = {name: value for name, value in self.body.items() if name not in _NOT_FORWARDED}
+        body.update(model=engine_model, max_tokens=max_tokens, stream=True, fairness_key=fairness_key,
+                    stream_options={"include_usage": True, "continuous_usage_stats": True})
+        if adapter is not None:
+            body["adapter"] = adapter
+        return body
+
+
+def parse_request(kind: str, raw: bytes) -> InferenceRequest:
+    try:
+        body = json.loads(raw)
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise bad_request(f"The body is not valid JSON: {exc}", code="invalid_json") from None
+    if not isinstance(body, dict):
+        raise bad_request("The body must be a JSON object.", code="invalid_json")
+    _check_fields(body, _SPECS[kind])
+    required = "messages" if kind == "chat" else "prompt"
+    for name in ("model", required):
+        if name not in body:
+            raise bad_request(f"Missing required parameter: '{name}'.", param=name, code="missing_required_parameter")
+    stream = bool(body.get("stream"))
+    include_usage, continuous = _stream_options(body, stream)
+    max_tokens = body.get("max_completion_tokens", body.get("max_tokens")) if kind == "chat" else body.get(
+        "max_tokens")
+    if max_tokens is not None and max_tokens < 1:
+        raise bad_request("'max_tokens' must be a positive integer.", param="max_tokens")
+    n = body.get("n") or 1
+    prompts = _prompts(body["prompt"]) if kind == "completion" else []
+    if kind == "chat" and not body["messages"]:
+        raise bad_request("'messages' must not be empty.", param="messages")
+    if n < 1 or max(1, len(prompts)) * n > MAX_CHOICES:
+        raise bad_request(f"'n' times the number of prompts must be between 1 and {MAX_CHOICES}.", param="n")
+    return InferenceRequest(kind, body, body["model"], stream, include_usage, continuous, max_tokens, n, prompts)
+
+
+def _check_fields(body: dict, spec: dict) -> None:
+    for name, value in body.items():
+        if name in _UNSUPPORTED:
+            raise bad_request(f"'{name}' is not supported.", param=name, code="unsupported_parameter")
+        types = spec.get(name)
+        if types is None:
+            raise bad_request(f"Unrecognized request argument supplied: '{name}'.", param=name,
+                              code="unknown_parameter")
+        if isinstance(value, bool) and bool not in types or not isinstance(value, types):
+            raise bad_request(f"'{name}' has the wrong type ({type(value).__name__}).", param=name,
+                              code="invalid_type")
+
+
+def _stream_options(body: dict, stream: bool) -> tuple[bool, bool]:
+    options = body.get("stream_options") or {}
+    if options and not stream:
+        raise bad_request("'stream_options' is only allowed when 'stream' is true.", param="stream_options")
+    for name, value in options.items():
+        if name not in ("include_usage", "continuous_usage_stats"):
+            raise bad_request(f"Unrecognized argument 'stream_options.{name}'.", param="stream_options")
+        if not isinstance(value, bool):
+            raise bad_request(f"'stream_options.{name}' must be a boolean.", param="stream_options")
+    return bool(options.get("include_usage")), bool(options.get("continuous_usage_stats"))
+
+
+def _is_token_ids(value) -> bool:
+    return isinstance(value, list) and bool(value) and all(
+        isinstance(t, int) and not isinstance(t, bool) and t >= 0 for t in value)
+
+
+def _prompts(value) -> list:
+    if isinstance(value, str):
+        return [value]
+    if _is_token_ids(value):
+        return [value]
+    if value and all(isinstance(p, str) for p in value):
+        return list(value)
+    if value and all(_is_token_ids(p) for p in value):
+        return list(value)
+    raise bad_request("'prompt' must be a string, a list of strings, token ids, or a list of token id lists.",
+                      param="prompt")

@@ -1,0 +1,141 @@
+"""One completion or chat request from an authenticated caller to an engine and back.
+
+parse -> resolve the model in the caller's tenant -> pick replicas -> count the prompt on one (``/tokenize``) ->
+choose max_tokens (the tenant's default and limit, the context) -> reserve quota (429 when refused) -> open
+the engine stream (the next replica if one cannot take it) -> relay, metering exactly once.
+"""
+
+import asyncio
+import hashlib
+import hmac
+import time
+import uuid
+
+from django.conf import settings
+from django.http import HttpResponse, JsonResponse, StreamingHttpResponse
+
+from gateway import metrics
+from gateway.callers import Caller
+from gateway.errors import GatewayError, bad_request
+from gateway.metering import CANCELLED, ERROR, Meter, spawn
+from gateway.parsing import InferenceRequest, parse_request
+from gateway.relay import Relay
+from gateway.replicas import rendezvous_score
+from gateway.targets import Target, resolve_target
+from gateway.upstream import count_prompt, loop_upstream, open_stream
+from tenants.effective_quota import EffectiveQuota
+from tenants.limiter import Refusal, Reservation, reserve
+
+ENGINE_PATHS = {"completion": "/v1/completions", "chat": "/v1/chat/completions"}
+STREAM_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+STREAM_START_DEADLINE_S = 30.0  # a stream nobody starts reading by then is ended (see Relay.watch_start)
+
+
+def fairness_key(tenant_id: int) -> str:
+    """An opaque, stable per-tenant key for the engine's fair scheduling: it cannot be traced back to the tenant
+    without the secret key."""
+    return hmac.new(settings.SECRET_KEY.encode(), f"fairness:{tenant_id}".encode(), hashlib.sha256).hexdigest()[:24]
+
+
+def completion_budget(quota: EffectiveQuota, parsed: InferenceRequest, prompt_counts: list[int],
+                      max_model_len: int) -> int:
+    """max_tokens for the engine: the client's (within the tenant's limit) or the tenant's default, and room for
+    it in the context after the longest prompt (a default shrinks to fit; an explicit value must fit)."""
+    try:
+        budget = quota.resolve_max_tokens(parsed.max_tokens)
+    except ValueError as exc:
+        raise bad_request(f"{exc}.", param="max_tokens", code="max_tokens_over_limit") from None
+    longest = max(prompt_counts)
+    room = max_model_len - longest
+    if parsed.max_tokens is None:
+        budget = min(budget, room)
+    if budget < 1 or longest + budget > max_model_len:
+        raise bad_request(
+            f"This model's maximum context length is {max_model_len} tokens. However, you requested "
+            f"{longest + max(budget, 1)} tokens ({longest} in the prompt, {max(budget, 1)} for the completion). "
+            "Please reduce the prompt or the completion length.",
+            param="messages" if parsed.kind == "chat" else "max_tokens", code="context_length_exceeded")
+    return budget
+
+
+async def reserve_quota(caller: Caller, parsed: InferenceRequest, prompt_tokens: int, budget: int) -> Reservation:
+    # The limiter reserves one completion budget; each further choice (n, several prompts) adds one more.
+    extra = (parsed.num_choices - 1) * budget
+    try:
+        outcome = await reserve(caller.tenant, caller.key_id, prompt_tokens + extra, budget)
+    except ValueError as exc:  # can never fit this tenant's limits, whatever the wait
+        raise bad_request(str(exc), param="max_tokens", code="request_too_large") from None
+    if isinstance(outcome, Refusal):
+        metrics.rate_limited_total.labels(reason=outcome.reason).inc()
+        monthly = outcome.reason == "monthly_tokens"
+        raise GatewayError(429, outcome.message, headers=outcome.headers,
+                           type="insufficient_quota" if monthly else (
+                               "tokens" if outcome.reason == "tokens_per_minute" else "requests"),
+                           code="insufficient_quota" if monthly else "rate_limit_exceeded")
+    return outcome
+
+
+async def run_generation(caller: Caller, kind: str, raw_body: bytes) -> HttpResponse:
+    """The response to a completion (``kind="completion"``) or chat request; GatewayError for a refusal."""
+    started = time.monotonic()
+    request_id = f"{'chatcmpl' if kind == 'chat' else 'cmpl'}-{uuid.uuid4().hex}"
+    parsed = parse_request(kind, raw_body)
+    target = await resolve_target(caller, parsed.model)
+    upstream = loop_upstream()
+    candidates = await upstream.pool.candidates(target.affinity_key)
+    counts, max_model_len = await count_prompt(upstream, candidates, parsed.tokenize_bodies(), parsed.model,
+                                               request_id)
+    budget = completion_budget(caller.tenant.quota, parsed, counts, max_model_len)
+    meter = await _admit(caller, parsed, target, sum(counts), budget, request_id, started)
+    body = parsed.engine_body(engine_model=target.engine_model, max_tokens=budget,
+                              adapter=target.adapter.source() if target.adapter else None,
+                              fairness_key=fairness_key(caller.tenant.id))
+    try:
+        replica, response = await open_stream(upstream, candidates, ENGINE_PATHS[kind], body, parsed.model,
+                                              request_id)
+    except asyncio.CancelledError:
+        await meter.finish(CANCELLED)
+        raise
+    except BaseException:
+        await meter.finish(ERROR)
+        raise
+    metrics.overhead_seconds.observe(time.monotonic() - started)
+    _count_spill(target, upstream.pool.replicas, replica)
+    relay = Relay(parsed, target.model, meter, response, replica, upstream.pool)
+    headers = {"X-Request-Id": request_id, **meter.reservation.headers}
+    if parsed.stream:
+        relay.watch_start(STREAM_START_DEADLINE_S)
+        return StreamingHttpResponse(relay.events(), content_type="text/event-stream",
+                                     headers={**STREAM_HEADERS, **headers})
+    return JsonResponse(await relay.collect(), headers=headers)
+
+
+async def _admit(caller: Caller, parsed: InferenceRequest, target: Target, prompt_tokens: int, budget: int,
+                 request_id: str, started: float) -> Meter:
+    """Reserve and start metering, as one step that a client disconnect cannot split: a reservation made while
+    the request was being cancelled is still settled and recorded (as cancelled, with no tokens)."""
+
+    async def admit() -> Meter:
+        reservation = await reserve_quota(caller, parsed, prompt_tokens, budget)
+        return Meter(request_id=request_id, caller=caller, target=target, reservation=reservation,
+                     started_at=started)
+
+    task = spawn(admit())
+    try:
+        return await asyncio.shield(task)
+    except asyncio.CancelledError:
+        task.add_done_callback(_finish_orphan)
+        raise
+
+
+def _finish_orphan(task: asyncio.Task) -> None:
+    if not task.cancelled() and task.exception() is None:
+        spawn(task.result().finish(CANCELLED))
+
+
+def _count_spill(target: Target, replicas, chosen) -> None:
+    if target.affinity_key is None:
+        return
+    preferred = max(replicas, key=lambda r: rendezvous_score(target.affinity_key, r.url))
+    if chosen is not preferred:
+        metrics.spills_total.inc()

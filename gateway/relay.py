@@ -1,0 +1,205 @@
+"""Relaying an engine's SSE stream: to a streaming client event by event, or collected into one response.
+
+The engine always streams with cumulative usage in every chunk. Each chunk is rewritten for the client (its
+``model`` is the name the client used, never the engine's opaque adapter id; ``usage`` only as the client
+asked) and sent the moment it arrives. However the stream ends, the meter is finished exactly once: ``ok`` at
+``[DONE]``, ``error`` when the engine fails or falls silent (the client then gets an error event and
+``[DONE]``, never a hung stream), ``cancelled`` when the client goes away (the engine request is then aborted
+by closing its connection).
+"""
+
+import asyncio
+import json
+import time
+from collections.abc import AsyncIterator
+
+import httpx
+
+from gateway import metrics
+from gateway.errors import GatewayError
+from gateway.metering import CANCELLED, ERROR, OK, Meter, spawn
+from gateway.parsing import InferenceRequest
+from gateway.replicas import Replica, ReplicaPool
+
+DONE = b"data: [DONE]\n\n"
+
+
+class Relay:
+    def __init__(self, parsed: InferenceRequest, model: str, meter: Meter, response: httpx.Response,
+                 replica: Replica, pool: ReplicaPool):
+        self.parsed = parsed
+        self.model = model
+        self.meter = meter
+        self.response = response
+        self.replica = replica
+        self.pool = pool
+        self._first_token_seen = False
+        self._started = False
+        self._closed = False
+        replica.in_flight += 1  # its load estimate, until this request ends
+        metrics.streams_open.inc()
+
+    def watch_start(self, deadline_s: float) -> None:
+        """End the request if the stream is not being read within ``deadline_s``: a client that disconnects
+        after the view returned but before the server began sending never starts :meth:`events`, whose
+        cleanup would then never run."""
+        asyncio.get_running_loop().call_later(deadline_s, self._abandon_unstarted)
+
+    def _abandon_unstarted(self) -> None:
+        if not self._started and not self._closed:
+            spawn(self._abandon())
+
+    async def _abandon(self) -> None:
+        await self._close()
+        await self.meter.finish(CANCELLED)
+
+    async def _chunks(self) -> AsyncIterator[dict]:
+        """The engine's chunks up to ``[DONE]``; GatewayError when the engine fails or times out first."""
+        done, pending = False, b""
+        try:
+            # Raw bytes split here: httpx's aiter_lines stacks three more async generators on every chunk.
+            async for data in self.response.aiter_raw():
+                *lines, pending = (pending + data).split(b"\n")
+                for line in lines:
+                    if done or not line.startswith(b"data: "):
+                        continue  # after [DONE]: read to the body's end, so the connection is reused
+                    if line.startswith(b"data: [DONE]"):
+                        done = True
+                        continue
+                    chunk = json.loads(line[6:])
+                    if "error" in chunk:
+                        raise _engine_stream_error(chunk["error"])
+                    yield chunk
+            if done:
+                return
+        except httpx.TimeoutException:
+            metrics.engine_errors_total.labels(kind="timeout").inc()
+            raise GatewayError(504, "The engine stopped answering; the request was ended.",
+                               code="engine_timeout") from None
+        except (httpx.TransportError, ValueError):
+            metrics.engine_errors_total.labels(kind="stream_broken").inc()
+            self.pool.mark_down(self.replica)  # re-checked at the next health refresh
+            raise GatewayError(502, "The engine serving this request failed; the request was ended.",
+                               code="engine_failed") from None
+        metrics.engine_errors_total.labels(kind="stream_broken").inc()
+        raise GatewayError(502, "The engine's stream ended early; the request was ended.", code="engine_failed")
+
+    def _note(self, chunk: dict) -> None:
+        self.meter.observe(chunk.get("usage"))
+        if not self._first_token_seen and self.meter.completion_tokens > 0:
+            self._first_token_seen = True
+            metrics.ttft_seconds.observe(time.monotonic() - self.meter.started_at)
+
+    def _client_chunk(self, chunk: dict) -> bytes | None:
+        if not chunk.get("choices"):  # the engine's closing usage chunk
+            if not self.parsed.include_usage:
+                return None
+        elif not self.parsed.continuous_usage:
+            if self.parsed.include_usage:
+                chunk["usage"] = None  # OpenAI's shape: null on every chunk but the last
+            else:
+                chunk.pop("usage", None)
+        chunk["model"] = self.model
+        return b"data: " + json.dumps(chunk, separators=(",", ":")).encode() + b"\n\n"
+
+    async def events(self) -> AsyncIterator[bytes]:
+        """The client's SSE stream."""
+        self._started = True
+        if self._closed:  # abandoned: nobody read it in time
+            return
+        status, failure = ERROR, None
+        try:
+            try:
+                async for chunk in self._chunks():
+                    self._note(chunk)  # counted as relayed: it is handed to the server right below
+                    event = self._client_chunk(chunk)
+                    if event is not None:
+                        yield event
+            except GatewayError as exc:
+                failure = exc
+            except (asyncio.CancelledError, GeneratorExit):  # the client went away
+                status = CANCELLED
+                raise
+            await self._close()
+            status = OK if failure is None else ERROR
+            await self.meter.settle(status)  # before [DONE]: once the client has it, its quota is corrected
+            if failure is not None:
+                yield failure.sse_event()
+            yield DONE
+        finally:  # the usage row is written after [DONE], while the server still holds the request
+            await self._close()
+            await self.meter.finish(status)
+
+    async def collect(self) -> dict:
+        """The whole response of a non-streaming request, in OpenAI's shape."""
+        choices: dict[int, dict] = {}
+        created, status = int(time.time()), ERROR
+        try:
+            async for chunk in self._chunks():
+                self._note(chunk)
+                created = chunk.get("created", created)
+                for delta in chunk.get("choices") or ():
+                    _merge_choice(choices.setdefault(delta["index"], {"text": [], "finish_reason": None,
+                                                                      "logprobs": None}), delta)
+            status = OK
+        except asyncio.CancelledError:
+            status = CANCELLED
+            raise
+        finally:
+            await self._close()
+            await self.meter.finish(status)
+        return _response_body(self.parsed.kind, self.meter, self.model, created, choices)
+
+    async def _close(self) -> None:
+        """Close the engine stream; mid-generation this drops the connection, which aborts the engine request."""
+        if self._closed:
+            return
+        self._closed = True
+        self.replica.in_flight -= 1
+        metrics.streams_open.dec()
+        try:
+            await self.response.aclose()
+        except httpx.HTTPError:
+            pass
+
+
+def _engine_stream_error(error) -> GatewayError:
+    error = error if isinstance(error, dict) else {}
+    metrics.engine_errors_total.labels(kind="stream_error").inc()
+    message = error.get("message") if isinstance(error.get("message"), str) else "the engine failed"
+    return GatewayError(502, f"The engine failed during generation: {message}",
+                        code=error.get("code") if isinstance(error.get("code"), str) else "engine_failed")
+
+
+def _merge_choice(state: dict, delta: dict) -> None:
+    text = delta["delta"].get("content") if "delta" in delta else delta.get("text")
+    if text:
+        state["text"].append(text)
+    if delta.get("finish_reason"):
+        state["finish_reason"] = delta["finish_reason"]
+    new = delta.get("logprobs")
+    if new:
+        if state["logprobs"] is None:
+            state["logprobs"] = {key: list(value) if isinstance(value, list) else value for key, value in new.items()}
+        else:
+            for key, value in new.items():
+                if isinstance(value, list):
+                    state["logprobs"].setdefault(key, []).extend(value)
+
+
+def _response_body(kind: str, meter: Meter, model: str, created: int, choices: dict[int, dict]) -> dict:
+    out = []
+    for index in sorted(choices):
+        state = choices[index]
+        text = "".join(state["text"])
+        entry = {"index": index}
+        if kind == "chat":
+            entry["message"] = {"role": "assistant", "content": text}
+        else:
+            entry["text"] = text
+        entry.update(logprobs=state["logprobs"], finish_reason=state["finish_reason"] or "stop")
+        out.append(entry)
+    usage = {"prompt_tokens": meter.prompt_tokens, "completion_tokens": meter.completion_tokens,
+             "total_tokens": meter.prompt_tokens + meter.completion_tokens}
+    return {"id": meter.request_id, "object": "chat.completion" if kind == "chat" else "text_completion",
+            "created": created, "model": model, "choices": out, "usage": usage}

@@ -1,0 +1,156 @@
+"""The gateway's side of ENGINE_PROTOCOL.md: one ``httpx.AsyncClient`` and one replica pool per event loop, prompt
+counting with ``/tokenize``, and opening a generation stream on the first replica that takes it.
+
+A replica that cannot be connected to, or answers 503 (its queue is full), is passed over for the next candidate:
+nothing was generated there, so trying elsewhere cannot double anything. Every other engine error is final.
+"""
+
+import asyncio
+import json
+import logging
+import weakref
+from dataclasses import dataclass
+
+import httpx
+from django.conf import settings
+
+from adapters.engine_client import EngineError, engine_headers
+from gateway import metrics
+from gateway.errors import GatewayError, bad_request, model_not_found
+from gateway.replicas import Replica, ReplicaPool
+
+logger = logging.getLogger("gateway.upstream")
+
+
+@dataclass(slots=True)
+class Upstream:
+    http: httpx.AsyncClient
+    pool: ReplicaPool
+
+    def headers(self, request_id: str) -> dict[str, str]:
+        return engine_headers(self.pool.api_key, request_id)
+
+
+_upstreams: "weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, Upstream]" = weakref.WeakKeyDictionary()
+
+
+def loop_upstream() -> Upstream:
+    """This event loop's client and pool over settings.ENGINE_URLS (httpx connections belong to one loop)."""
+    loop = asyncio.get_running_loop()
+    upstream = _upstreams.get(loop)
+    if upstream is None:
+        timeout = httpx.Timeout(connect=settings.GATEWAY_ENGINE_CONNECT_TIMEOUT_MS / 1000,
+                                read=settings.GATEWAY_ENGINE_READ_TIMEOUT_S, write=30.0, pool=30.0)
+        limits = httpx.Limits(max_connections=settings.GATEWAY_MAX_ENGINE_CONNECTIONS,
+                              max_keepalive_connections=settings.GATEWAY_MAX_ENGINE_CONNECTIONS)
+        http = httpx.AsyncClient(timeout=timeout, limits=limits)
+        pool = ReplicaPool(settings.ENGINE_URLS, http, settings.ENGINE_API_KEY,
+                           ttl_s=settings.GATEWAY_HEALTH_TTL_MS / 1000)
+        upstream = _upstreams[loop] = Upstream(http, pool)
+    return upstream
+
+
+class ReplicaUnavailable(Exception):
+    """This replica cannot take the request now (no connection, or 503): try the next one."""
+
+    def __init__(self, replica: Replica, reason: str, retry_after: str | None = None):
+        super().__init__(f"{replica.url}: {reason}")
+        self.retry_after = retry_after
+
+
+def _unavailable(replicas_tried: int, last: ReplicaUnavailable | None) -> GatewayError:
+    headers = {"Retry-After": last.retry_after} if last is not None and last.retry_after else {"Retry-After": "1"}
+    return GatewayError(503, f"No engine could take the request ({replicas_tried} tried); retry shortly.",
+                        code="engine_unavailable", headers=headers)
+
+
+async def on_first_available(candidates: list[Replica], attempt):
+    """``await attempt(replica)`` on each candidate until one does not raise ReplicaUnavailable."""
+    last = None
+    for replica in candidates:
+        try:
+            return replica, await attempt(replica)
+        except ReplicaUnavailable as exc:
+            last = exc
+    raise _unavailable(len(candidates), last)
+
+
+def engine_error(exc: EngineError, model: str) -> GatewayError:
+    """An engine's refusal of a request as the client's error."""
+    if exc.status == 400:
+        return bad_request(exc.message.split(": ", 1)[-1], code=exc.code)
+    if exc.status == 404:
+        return model_not_found(model)
+    if exc.status == 413:
+        return bad_request(exc.message.split(": ", 1)[-1], code="context_length_exceeded", param="max_tokens")
+    metrics.engine_errors_total.labels(kind=f"http_{exc.status}").inc()
+    logger.error("engine refused a request: %s", exc)
+    code = "model_unavailable" if exc.status == 422 else "engine_error"
+    return GatewayError(502, "The model could not serve this request.", code=code)
+
+
+async def _check(replica: Replica, response: httpx.Response, model: str) -> None:
+    if response.status_code == 200:
+        return
+    await response.aread()
+    if response.status_code == 503:
+        metrics.engine_errors_total.labels(kind="overloaded").inc()
+        raise ReplicaUnavailable(replica, "overloaded", response.headers.get("retry-after"))
+    raise engine_error(EngineError.from_response(response), model)
+
+
+def _connect_failed(pool: ReplicaPool, replica: Replica, exc: Exception) -> ReplicaUnavailable:
+    metrics.engine_errors_total.labels(kind="connect").inc()
+    pool.mark_down(replica)
+    return ReplicaUnavailable(replica, f"{type(exc).__name__}: {exc}")
+
+
+async def count_prompt(upstream: Upstream, candidates: list[Replica], bodies: list[dict], model: str,
+                       request_id: str) -> tuple[list[int], int]:
+    """Each prompt's token count (chat template applied) and the context length, from one replica."""
+
+    async def one(replica: Replica, body: dict) -> dict:
+        try:
+            response = await upstream.http.post(f"{replica.url}/tokenize", json=body,
+                                                headers=upstream.headers(request_id))
+        except (httpx.ConnectError, httpx.ConnectTimeout) as exc:
+            raise _connect_failed(upstream.pool, replica, exc) from None
+        except httpx.TransportError as exc:  # counting is idempotent: another replica may answer
+            raise ReplicaUnavailable(replica, f"{type(exc).__name__}: {exc}") from None
+        await _check(replica, response, model)
+        return response.json()
+
+    async def attempt(replica: Replica) -> tuple[list[int], int]:
+        results = await asyncio.gather(*(one(replica, body) for body in bodies))
+        return [r["count"] for r in results], min(r["max_model_len"] for r in results)
+
+    return (await on_first_available(candidates, attempt))[1]
+
+
+async def open_stream(upstream: Upstream, candidates: list[Replica], path: str, body: dict, model: str,
+                      request_id: str) -> tuple[Replica, httpx.Response]:
+    """POST the generation request to ``path``; the replica that took it and its open (status 200) SSE response."""
+    content = json.dumps(body).encode()
+
+    async def attempt(replica: Replica) -> httpx.Response:
+        headers = {**upstream.headers(request_id), "Content-Type": "application/json"}
+        request = upstream.http.build_request("POST", f"{replica.url}{path}", content=content, headers=headers)
+        try:
+            response = await upstream.http.send(request, stream=True)
+        except (httpx.ConnectError, httpx.ConnectTimeout) as exc:
+            raise _connect_failed(upstream.pool, replica, exc) from None
+        except httpx.TimeoutException:
+            metrics.engine_errors_total.labels(kind="timeout").inc()
+            raise GatewayError(504, "The engine did not answer in time.", code="engine_timeout") from None
+        except httpx.TransportError as exc:
+            metrics.engine_errors_total.labels(kind="transport").inc()
+            upstream.pool.mark_down(replica)
+            raise GatewayError(502, "The engine failed before answering.", code="engine_failed") from exc
+        try:
+            await _check(replica, response, model)
+        except BaseException:
+            await response.aclose()
+            raise
+        return response
+
+    return await on_first_available(candidates, attempt)

@@ -1,0 +1,114 @@
+"""The OpenAI-compatible endpoints (API keys) and the console's playground (session): thin async views over
+:mod:`gateway.pipeline` and :mod:`gateway.targets`. Every answer is OpenAI-shaped, errors included, and every
+answer to an authenticated caller carries the tenant's x-ratelimit-* headers."""
+
+import functools
+import logging
+import time
+
+from django.core.exceptions import RequestDataTooBig
+from django.http import HttpResponse, JsonResponse
+from django.views.decorators.csrf import csrf_exempt
+
+from gateway import metrics
+from gateway.callers import Caller, caller_from_key, caller_from_session
+from gateway.errors import GatewayError
+from gateway.pipeline import run_generation
+from gateway.targets import model_detail, model_list
+from tenants.limiter import peek
+
+logger = logging.getLogger("gateway")
+
+
+def openai_endpoint(endpoint: str, method: str):
+    """Allow only ``method``; turn GatewayErrors into OpenAI error responses, add the rate-limit headers, count
+    the answer."""
+
+    def decorate(view):
+        @functools.wraps(view)
+        async def wrapped(request, *args, **kwargs):
+            started = time.monotonic()
+            state = {}  # the view puts the caller here once known
+            try:
+                if request.method != method:
+                    raise GatewayError(405, f"{request.method} is not allowed here; use {method}.",
+                                       code="method_not_allowed", headers={"Allow": method})
+                response = await view(request, state, *args, **kwargs)
+            except GatewayError as exc:
+                response = exc.response()
+            except RequestDataTooBig:
+                response = GatewayError(413, "The request body is too large.", code="body_too_large").response()
+            if "caller" in state and "x-ratelimit-limit-requests" not in response:
+                await _add_rate_headers(response, state["caller"])
+            metrics.requests_total.labels(endpoint=endpoint, status=str(response.status_code)).inc()
+            if not response.streaming:
+                metrics.request_seconds.labels(endpoint=endpoint).observe(time.monotonic() - started)
+            return response
+
+        return wrapped
+
+    return decorate
+
+
+async def _add_rate_headers(response: HttpResponse, caller: Caller) -> None:
+    try:
+        headers = await peek(caller.tenant)
+    except Exception:  # an answer without its headers beats no answer
+        logger.exception("x-ratelimit-* headers unavailable")
+        return
+    for name, value in headers.items():
+        response[name] = value
+
+
+async def _generate(request, state: dict, kind: str) -> HttpResponse:
+    state["caller"] = await caller_from_key(request)
+    return await run_generation(state["caller"], kind, request.body)
+
+
+@csrf_exempt
+@openai_endpoint("completions", "POST")
+async def completions(request, state):
+    return await _generate(request, state, "completion")
+
+
+@csrf_exempt
+@openai_endpoint("chat_completions", "POST")
+async def chat_completions(request, state):
+    return await _generate(request, state, "chat")
+
+
+@openai_endpoint("models", "GET")
+async def models(request, state):
+    state["caller"] = await caller_from_key(request)
+    return JsonResponse({"object": "list", "data": await model_list(state["caller"])})
+
+
+@openai_endpoint("models", "GET")
+async def model(request, state, model_id: str):
+    state["caller"] = await caller_from_key(request)
+    return JsonResponse(await model_detail(state["caller"], model_id))
+
+
+# ---------------------------------------------------------------- the console's playground (session + CSRF)
+
+
+@openai_endpoint("playground", "POST")
+async def playground_chat(request, state, slug: str):
+    state["caller"] = await caller_from_session(request, slug)
+    return await run_generation(state["caller"], "chat", request.body)
+
+
+@openai_endpoint("playground", "POST")
+async def playground_completions(request, state, slug: str):
+    state["caller"] = await caller_from_session(request, slug)
+    return await run_generation(state["caller"], "completion", request.body)
+
+
+@openai_endpoint("playground", "GET")
+async def playground_models(request, state, slug: str):
+    state["caller"] = await caller_from_session(request, slug)
+    return JsonResponse({"object": "list", "data": await model_list(state["caller"])})
+
+
+async def not_found(request, path: str) -> HttpResponse:
+    return GatewayError(404, f"Unknown request URL: {request.method} /v1/{path}.", code="unknown_url").response()

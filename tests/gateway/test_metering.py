@@ -1,0 +1,87 @@
+"""Exactly one settle and one usage row per request, written even when the coroutine awaiting it is cancelled."""
+
+import asyncio
+
+import pytest
+from asgiref.sync import async_to_sync
+
+from gateway.callers import Caller
+from gateway.metering import Meter
+from gateway.targets import Target
+from tenants.identity import TenantInfo
+from tenants.limiter import QuotaLimiter, reserve
+from tenants.models import UsageRecord
+from tenants.selectors import quota_effective
+from tests.tenants.factories import TenantFactory
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+def caller_of(tenant, *, playground=False) -> Caller:
+    info = TenantInfo(id=tenant.pk, slug=tenant.slug, quota=quota_effective(tenant=tenant))
+    return Caller(tenant=info, key_id=None, adapter_names=frozenset(), playground=playground)
+
+
+async def open_meter(caller: Caller, request_id: str) -> Meter:
+    reservation = await reserve(caller.tenant, None, 10, 20)
+    return Meter(request_id=request_id, caller=caller, target=Target("tiny", "tiny", None), reservation=reservation,
+                 started_at=0.0)
+
+
+async def slots_in_use(tenant_id: int) -> int:
+    from tenants.redis_client import loop_redis
+
+    return await loop_redis().zcard(QuotaLimiter.keys(tenant_id, "")["slots"])
+
+
+def test_concurrent_finishes_settle_and_write_once():
+    caller = caller_of(TenantFactory())
+
+    async def scenario():
+        meter = await open_meter(caller, "req-once")
+        before = await slots_in_use(caller.tenant.id)
+        meter.observe({"prompt_tokens": 10, "completion_tokens": 4})
+        await asyncio.gather(meter.finish("ok"), meter.finish("error"), meter.finish("cancelled"))
+        return before, await slots_in_use(caller.tenant.id)
+
+    before, after = async_to_sync(scenario)()
+    assert (before, after) == (1, 0)
+    rows = list(UsageRecord.objects.filter(tenant_id=caller.tenant.id).values_list(
+        "request_id", "status", "prompt_tokens", "completion_tokens", "playground"))
+    assert rows == [("req-once", "ok", 10, 4, False)]
+
+
+def test_settle_returns_once_the_quota_is_corrected_and_the_row_follows():
+    caller = caller_of(TenantFactory())
+
+    async def scenario():
+        meter = await open_meter(caller, "req-settle")
+        meter.observe({"prompt_tokens": 10, "completion_tokens": 2})
+        await meter.settle("ok")
+        slots = await slots_in_use(caller.tenant.id)
+        await meter.finish("error")  # waits for the row; the first status stands
+        return slots
+
+    assert async_to_sync(scenario)() == 0
+    assert UsageRecord.objects.get(request_id="req-settle").status == "ok"
+
+
+def test_the_record_is_written_even_when_the_streaming_coroutine_is_cancelled():
+    caller = caller_of(TenantFactory(), playground=True)
+
+    async def scenario():
+        meter = await open_meter(caller, "req-cut")
+        meter.observe({"prompt_tokens": 10, "completion_tokens": 7})
+        waiting = asyncio.ensure_future(meter.finish("cancelled"))
+        await asyncio.sleep(0)  # the bookkeeping task has started
+        waiting.cancel()  # a client disconnect cancels whoever awaits it
+        try:
+            await waiting
+        except asyncio.CancelledError:
+            pass
+        await meter._task
+        return await slots_in_use(caller.tenant.id)
+
+    assert async_to_sync(scenario)() == 0
+    row = UsageRecord.objects.get(request_id="req-cut")
+    assert (row.status, row.prompt_tokens, row.completion_tokens, row.playground) == ("cancelled", 10, 7, True)

@@ -1,0 +1,77 @@
+"""The gateway's checks of a client's request, before anything is counted or reserved, and the engine's body."""
+
+import json
+
+import pytest
+
+from gateway.errors import GatewayError
+from gateway.parsing import parse_request
+
+
+def parse(kind: str, **body):
+    return parse_request(kind, json.dumps(body).encode())
+
+
+def refusal(kind: str, **body) -> GatewayError:
+    with pytest.raises(GatewayError) as caught:
+        parse(kind, **body)
+    assert caught.value.status == 400
+    return caught.value
+
+
+CHAT = {"model": "tiny", "messages": [{"role": "user", "content": "hi"}]}
+
+
+@pytest.mark.parametrize("field", ["tools", "tool_choice", "logit_bias", "functions", "response_format_x"])
+def test_unsupported_and_unknown_fields_are_400s_naming_the_field(field):
+    error = refusal("chat", **CHAT, **{field: {"x": 1} if field != "tools" else []})
+    assert error.param == field and f"'{field}'" in error.message
+    assert error.code == ("unknown_parameter" if field == "response_format_x" else "unsupported_parameter")
+
+
+@pytest.mark.parametrize("field", ["adapter", "fairness_key"])
+def test_clients_cannot_send_the_engine_only_extensions(field):
+    assert refusal("chat", **CHAT, **{field: "x"}).param == field
+
+
+@pytest.mark.parametrize("field, value", [("max_tokens", True), ("max_tokens", "5"), ("temperature", "hot"),
+                                          ("stream", 1), ("model", 3), ("messages", "hi")])
+def test_wrong_types_are_400s_naming_the_field(field, value):
+    assert refusal("chat", **{**CHAT, field: value}).param == field
+
+
+def test_missing_fields_and_bad_values():
+    assert refusal("chat", model="tiny").param == "messages"
+    assert refusal("completion", prompt="x").param == "model"
+    assert refusal("completion", model="tiny", prompt=[]).param == "prompt"
+    assert refusal("completion", model="tiny", prompt=[["a"]]).param == "prompt"
+    assert refusal("chat", **CHAT, max_tokens=0).param == "max_tokens"
+    assert refusal("chat", **{**CHAT, "messages": []}).param == "messages"
+    assert refusal("completion", model="tiny", prompt=["a", "b", "c", "d"], n=5).param == "n"
+    assert refusal("chat", **CHAT, stream_options={"include_usage": True}).param == "stream_options"
+    assert refusal("chat", **CHAT, stream=True, stream_options={"x": True}).param == "stream_options"
+    with pytest.raises(GatewayError) as caught:
+        parse_request("chat", b"{not json")
+    assert caught.value.code == "invalid_json"
+
+
+def test_prompt_forms_and_choices():
+    assert parse("completion", model="m", prompt="a").prompts == ["a"]
+    assert parse("completion", model="m", prompt=[5, 6, 7]).prompts == [[5, 6, 7]]
+    two = parse("completion", model="m", prompt=["a", "b"], n=3)
+    assert two.prompts == ["a", "b"] and two.num_choices == 6
+    assert two.tokenize_bodies() == [{"prompt": "a"}, {"prompt": "b"}]
+    chat = parse("chat", **CHAT, max_completion_tokens=7)
+    assert chat.max_tokens == 7 and chat.tokenize_bodies() == [{"messages": CHAT["messages"]}]
+
+
+def test_the_engine_always_streams_with_cumulative_usage_whatever_the_client_asked():
+    parsed = parse("chat", **CHAT, stream=False, max_completion_tokens=9, user="u1", metadata={"a": "b"},
+                   temperature=0.5, ignore_eos=True)
+    assert not parsed.stream and not parsed.include_usage
+    body = parsed.engine_body(engine_model="adp_x_v1", max_tokens=9, adapter={"id": "adp_x_v1"}, fairness_key="f")
+    assert body == {"messages": CHAT["messages"], "temperature": 0.5, "ignore_eos": True, "model": "adp_x_v1",
+                    "max_tokens": 9, "stream": True, "fairness_key": "f", "adapter": {"id": "adp_x_v1"},
+                    "stream_options": {"include_usage": True, "continuous_usage_stats": True}}
+    streamed = parse("completion", model="m", prompt="a", stream=True, stream_options={"include_usage": True})
+    assert streamed.stream and streamed.include_usage and not streamed.continuous_usage

@@ -1,0 +1,143 @@
+"""Choosing a replica: rendezvous affinity for adapters, spill when the choice is saturated or down, least load
+for the base model; health and load read from /health and /stats in the background."""
+
+import asyncio
+import json
+
+import httpx
+import pytest
+
+from gateway.replicas import Replica, ReplicaPool, rank_replicas, rendezvous_score
+
+URLS = [f"http://engine-{i}:8000" for i in range(3)]
+
+
+def replicas(**states) -> list[Replica]:
+    made = [Replica(url) for url in URLS]
+    for index, fields in states.items():
+        for name, value in fields.items():
+            setattr(made[int(index[1:])], name, value)
+    return made
+
+
+def preferred_url(key: str, urls=URLS) -> str:
+    return max(urls, key=lambda url: rendezvous_score(key, url))
+
+
+def test_an_adapter_goes_to_its_rendezvous_replica_every_time_and_adapters_spread():
+    pool = replicas()
+    for key in ("adp_a_v1", "adp_b_v3", "adp_c_v2"):
+        firsts = {rank_replicas(pool, key)[0].url for _ in range(20)}
+        assert firsts == {preferred_url(key)}
+    counts = {url: 0 for url in URLS}
+    for i in range(600):
+        counts[rank_replicas(pool, f"adp_{i}_v1")[0].url] += 1
+    assert all(150 < count < 250 for count in counts.values()), counts
+
+
+def test_losing_a_replica_moves_only_the_adapters_it_had():
+    keys = [f"adp_{i}_v1" for i in range(300)]
+    before = {key: preferred_url(key) for key in keys}
+    after = {key: preferred_url(key, URLS[:2]) for key in keys}
+    moved = [key for key in keys if before[key] != after[key]]
+    assert moved and all(before[key] == URLS[2] for key in moved)
+
+
+def test_a_saturated_or_down_choice_spills_to_the_least_loaded_healthy_replica():
+    key = "adp_spill_v1"
+    home = URLS.index(preferred_url(key))
+    others = [i for i in range(3) if i != home]
+    light, heavy = others
+    states = {f"r{home}": {"saturated": True, "engine_load": 0}, f"r{light}": {"engine_load": 2},
+              f"r{heavy}": {"engine_load": 9}}
+    assert rank_replicas(replicas(**states), key)[0].url == URLS[light]
+    states[f"r{home}"] = {"healthy": False}
+    ranked = rank_replicas(replicas(**states), key)
+    assert [r.url for r in ranked] == [URLS[light], URLS[heavy], URLS[home]]  # the down one is tried last
+    states[f"r{light}"] = {"engine_load": 2, "saturated": True}
+    assert rank_replicas(replicas(**states), key)[0].url == URLS[heavy]  # unsaturated before less loaded
+
+
+def test_the_base_model_goes_to_the_least_loaded_and_in_flight_requests_count():
+    pool = replicas(r0={"engine_load": 3}, r1={"engine_load": 1}, r2={"engine_load": 2})
+    assert rank_replicas(pool, None)[0].url == URLS[1]
+    pool[1].in_flight = 5  # sent since the last /stats
+    assert rank_replicas(pool, None)[0].url == URLS[2]
+    all_saturated = replicas(r0={"saturated": True, "engine_load": 4}, r1={"saturated": True, "engine_load": 1},
+                             r2={"healthy": False})
+    assert [r.url for r in rank_replicas(all_saturated, None)] == [URLS[1], URLS[0], URLS[2]]
+
+
+class FakeEngines:
+    """/health and /stats of three engines, as a MockTransport."""
+
+    def __init__(self):
+        self.stats = {url: {"requests": {"running": 0, "waiting": 0}, "saturated": False} for url in URLS}
+        self.down: set[str] = set()
+        self.calls = 0
+
+    def __call__(self, request: httpx.Request) -> httpx.Response:
+        self.calls += 1
+        base = f"{request.url.scheme}://{request.url.host}:{request.url.port}"
+        if base in self.down:
+            raise httpx.ConnectError("refused", request=request)
+        if request.url.path == "/health":
+            return httpx.Response(200, json={"status": "ok"})
+        assert request.headers["authorization"] == "Bearer key"
+        return httpx.Response(200, content=json.dumps(self.stats[base]).encode())
+
+
+def run_with_pool(scenario, engines: FakeEngines, clock):
+    async def main():
+        async with httpx.AsyncClient(transport=httpx.MockTransport(engines)) as http:
+            pool = ReplicaPool(URLS, http, "key", ttl_s=1.0, clock=clock)
+            return await scenario(pool)
+
+    return asyncio.run(main())
+
+
+def test_the_pool_reads_health_and_load_and_refreshes_in_the_background():
+    engines, now = FakeEngines(), [100.0]
+    engines.stats[URLS[0]] = {"requests": {"running": 4, "waiting": 3}, "saturated": True}
+    engines.down.add(URLS[2])
+
+    async def scenario(pool):
+        first = await pool.candidates(None)  # nothing known: waits for the probes
+        states = [(r.healthy, r.saturated, r.engine_load) for r in pool.replicas]
+        engines.down.clear()
+        calls = engines.calls
+        now[0] += 0.5
+        await pool.candidates(None)
+        fresh_enough = engines.calls == calls
+        now[0] += 1.0
+        stale = await pool.candidates(None)  # answered from the old state; the refresh runs meanwhile
+        await pool._refreshing
+        return first, states, fresh_enough, stale, [r.healthy for r in pool.replicas]
+
+    first, states, fresh_enough, stale, healthy_after = run_with_pool(scenario, engines, lambda: now[0])
+    assert states == [(True, True, 7), (True, False, 0), (False, False, 0)]
+    assert first[0].url == URLS[1] and first[-1].url == URLS[2]
+    assert fresh_enough
+    assert stale[-1].url == URLS[2]  # still believed down when the answer was given
+    assert healthy_after == [True, True, True]
+
+
+def test_a_replica_that_refuses_a_connection_is_marked_down_until_a_probe_finds_it_up():
+    engines, now = FakeEngines(), [0.0]
+
+    async def scenario(pool):
+        await pool.candidates(None)
+        pool.mark_down(pool.replicas[0])
+        ranked = await pool.candidates(None)
+        now[0] += 2
+        await pool.candidates(None)
+        await pool._refreshing
+        return ranked, pool.replicas[0].healthy
+
+    ranked, healthy_again = run_with_pool(scenario, engines, lambda: now[0])
+    assert ranked[-1].url == URLS[0] and healthy_again
+
+
+def test_a_pool_needs_engines():
+    with pytest.raises(ValueError, match="ENGINE_URLS"):
+        ReplicaPool([], None, "key", ttl_s=1)
