@@ -41,7 +41,8 @@ class _Counters:
 
 
 class AsyncEngine:
-    """Wraps an ``LLMEngine`` (``add_request``, ``abort_request``, ``step``, ``has_unfinished_requests``)."""
+    """Wraps an ``LLMEngine`` (``add_request``, ``abort_request``, ``step``, ``has_unfinished_requests``,
+    ``has_pending_loads``: adapter loads are reported by ``step``, so the loop runs while they are in flight)."""
 
     def __init__(self, engine, *, max_waiting: int = 512, on_step: Callable | None = None):
         self.engine = engine
@@ -135,7 +136,7 @@ class AsyncEngine:
             while True:
                 if not self._apply_commands():
                     return
-                if not self.engine.has_unfinished_requests():
+                if not (self.engine.has_unfinished_requests() or self.engine.has_pending_loads()):
                     self._wake.wait(timeout=0.5)
                     self._wake.clear()
                     continue

@@ -12,7 +12,8 @@ class BatchMetadata:
     Sequence ``i`` owns tokens ``query_start_loc[i]:query_start_loc[i+1]``, the last tokens of its context of
     ``seq_lens[i]`` tokens. ``logits_indices`` picks the tokens whose next token is sampled this step (the last
     token of each sequence whose context is complete; a chunk in the middle of a prompt samples nothing).
-    The multi-LoRA work adds its token-to-slot index here.
+    ``token_slots`` gives each token's adapter slot (-1: the base model), or is None when no token of the step
+    uses an adapter, so such steps pay nothing for LoRA.
     """
 
     positions: torch.Tensor  # [num_tokens] int64
@@ -21,6 +22,7 @@ class BatchMetadata:
     seq_lens: torch.Tensor  # [num_seqs] int32, context length including this step's tokens
     query_start_loc: torch.Tensor  # [num_seqs + 1] int32
     logits_indices: torch.Tensor  # [num_sampled] int64, rows of the hidden states to project to the vocabulary
+    token_slots: torch.Tensor | None = None  # [num_tokens] int32, adapter slot of each token, -1 = none
 
     @property
     def num_tokens(self) -> int:

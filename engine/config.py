@@ -11,6 +11,7 @@ _MEMORY = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([KMGT]i?B|B)?\s*$", re.IGNORECASE)
 _UNITS = {"b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
           "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}
 _DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+MAX_LORA_RANK = 512
 
 
 def parse_memory(value: str | int, name: str = "memory size") -> int:
@@ -49,6 +50,14 @@ class EngineConfig:
     device: str = "auto"
     seed: int = 0
     check_invariants: bool = False
+    # Multi-LoRA. ``adapter_sources``: prefixes (local folders, ``s3://bucket/prefix/``) adapters may be read from;
+    # None allows any local folder (the offline API's trusted caller), the server always passes its allow-list.
+    enable_lora: bool = False
+    max_loras: int = 8
+    max_cpu_loras: int = 64
+    max_lora_rank: int = 64
+    adapter_sources: list[str] | None = None
+    max_adapter_wait_steps: int = 32
 
     def __post_init__(self):
         if not isinstance(self.model, str | Path) or not str(self.model):
@@ -72,6 +81,31 @@ class EngineConfig:
             raise ValueError(f"dtype must be 'auto' or one of {sorted(_DTYPES)}, got {self.dtype!r}")
         if self.device not in ("auto", "cpu") and not self.device.startswith("cuda"):
             raise ValueError(f"device must be 'auto', 'cpu' or 'cuda[:N]', got {self.device!r}")
+        self._validate_lora()
+
+    def _validate_lora(self) -> None:
+        if type(self.enable_lora) is not bool:
+            raise ValueError(f"enable_lora must be a bool, got {self.enable_lora!r}")
+        for name in ("max_loras", "max_cpu_loras", "max_lora_rank", "max_adapter_wait_steps"):
+            value = getattr(self, name)
+            if type(value) is not int or value < 1:
+                raise ValueError(f"{name} must be a positive int, got {value!r}")
+        if self.max_cpu_loras < self.max_loras:
+            raise ValueError(f"max_cpu_loras ({self.max_cpu_loras}) must be at least max_loras ({self.max_loras}): "
+                             "an adapter passes through the host tier on its way to a slot")
+        if self.max_lora_rank > MAX_LORA_RANK:
+            raise ValueError(f"max_lora_rank must be at most {MAX_LORA_RANK}, got {self.max_lora_rank}")
+        if self.adapter_sources is not None:
+            if isinstance(self.adapter_sources, str) or not all(
+                    isinstance(p, str) and p for p in self.adapter_sources):
+                raise ValueError(f"adapter_sources must be a list of prefixes, got {self.adapter_sources!r}")
+            from engine.lora.source import SourcePolicy  # torch-free; raises ValueError naming a bad prefix
+
+            self.adapter_sources = list(self.adapter_sources)
+            try:
+                SourcePolicy(self.adapter_sources)
+            except ValueError as exc:
+                raise ValueError(f"adapter_sources: {exc}") from None
 
     @property
     def torch_device(self) -> torch.device:

@@ -2,25 +2,41 @@
 
 ``step()`` reads as schedule -> run the model -> postprocess (record tokens, detokenize, check stops, finish).
 The engine is single-threaded; an async server drives it from one loop.
+
+With ``enable_lora`` an :class:`engine.lora.adapter_manager.AdapterManager` owns the adapters; each step first
+collects finished background loads, and a request whose adapter cannot be served finishes with
+``finish_reason="error"`` and the adapter's error in ``RequestOutput.error`` (never an exception out of ``step``).
 """
 
 import itertools
 import json
+import logging
 import time
 from collections import defaultdict
 from collections.abc import Iterable
+from concurrent.futures import Future
 from dataclasses import dataclass
 from pathlib import Path
 
 from engine.block_manager import BlockManager
 from engine.config import EngineConfig, ModelConfig
 from engine.detokenizer import IncrementalDetokenizer
+from engine.lora.errors import AdapterError
+from engine.lora.request import LoRARequest
 from engine.model_runner import ModelRunner
 from engine.outputs import CompletionOutput, RequestMetrics, RequestOutput
 from engine.sampler import SamplerOutput
 from engine.sampling_params import SamplingParams
 from engine.scheduler import Scheduler
-from engine.sequence import Sequence
+from engine.sequence import Sequence, SequenceStatus
+
+logger = logging.getLogger(__name__)
+_IDLE_LOAD_WAIT_S = 0.02
+_NO_ADAPTERS = {
+    "adapters": {"slots": 0, "resident": [], "host_tier": [], "hits": 0, "misses": 0, "evictions": 0,
+                 "load_ms_p50": 0.0},
+    "adapter_loads": {"loading": 0, "loads": 0, "failures": 0, "host_evictions": 0, "load_ms_p99": 0.0},
+}
 
 
 def resolve_model_folder(name_or_path: str) -> Path:
@@ -43,6 +59,7 @@ class _Request:
     seqs: list[Sequence]
     metrics: RequestMetrics
     lora_request: object = None
+    error: Exception | None = None  # why it failed (an adapter that cannot be served)
 
 
 class LLMEngine:
@@ -55,17 +72,29 @@ class LLMEngine:
         self.tokenizer = AutoTokenizer.from_pretrained(config.tokenizer or folder)
         self.max_model_len = self._max_model_len()
         self.eos_token_ids = self._eos_token_ids(folder)
+        # Adapter slots before the model runner, which sizes the KV cache from the device memory left.
+        self.adapters = self._adapter_manager() if config.enable_lora else None
         self.model_runner = ModelRunner(config, self.model_config, folder, max_model_len=self.max_model_len,
                                         eos_token_ids=tuple(sorted(self.eos_token_ids)))
+        if self.adapters is not None:
+            self.model_runner.model.bind_lora(self.adapters.slot_cache)
         self.block_manager = BlockManager(self.model_runner.num_blocks, config.block_size,
                                           config.enable_prefix_caching)
         self.scheduler = Scheduler(self.block_manager, max_num_seqs=config.max_num_seqs,
                                    max_num_batched_tokens=config.max_num_batched_tokens,
-                                   check_invariants=config.check_invariants)
+                                   check_invariants=config.check_invariants,
+                                   adapters=self.adapters.admission if self.adapters is not None else None)
         self.requests: dict[str, _Request] = {}
+        self._failed: list[RequestOutput] = []  # outputs of requests failed between steps, returned by the next
         self._seq_ids = itertools.count()
         self._arrivals = itertools.count()
         self.counters = defaultdict(int)  # finished, aborted, prompt/generated/computed tokens, steps
+
+    def _adapter_manager(self):
+        from engine.lora.adapter_manager import AdapterManager
+
+        return AdapterManager(self.config, self.model_config, device=self.config.torch_device,
+                              dtype=self.config.torch_dtype(self.model_config))
 
     def _max_model_len(self) -> int:
         limit = self.model_config.max_position_embeddings
@@ -111,9 +140,14 @@ class LLMEngine:
         for seq in seqs:
             seq.detokenizer = IncrementalDetokenizer(self.tokenizer.backend_tokenizer, token_ids, params)
             self.scheduler.add(seq)
-        self.requests[request_id] = _Request(request_id, text, token_ids, seqs, RequestMetrics(time.monotonic()),
-                                             lora_request)
+        request = self.requests[request_id] = _Request(request_id, text, token_ids, seqs,
+                                                       RequestMetrics(time.monotonic()), lora_request)
         self.counters["prompt_tokens"] += len(token_ids)
+        if lora_request is not None:
+            try:
+                self.adapters.check_request(lora_request)
+            except AdapterError as exc:
+                self._fail(request, exc)
 
     def _tokenize(self, prompt, prompt_token_ids) -> tuple[str | None, list[int]]:
         if prompt_token_ids is None and isinstance(prompt, list):
@@ -142,6 +176,12 @@ class LLMEngine:
                 f"the cache has {self.block_manager.num_blocks}"
             )
         if lora_request is not None:
+            self._require_lora()
+            if not isinstance(lora_request, LoRARequest):
+                raise ValueError(f"lora_request must be an engine.LoRARequest, got {type(lora_request).__name__}")
+
+    def _require_lora(self) -> None:
+        if self.adapters is None:
             raise ValueError("this engine serves the base model only (LoRA is not enabled)")
 
     def abort_request(self, request_id: str | Iterable[str]) -> None:
@@ -154,7 +194,11 @@ class LLMEngine:
                 self.counters["aborted"] += 1
 
     def has_unfinished_requests(self) -> bool:
-        return bool(self.requests)
+        return bool(self.requests or self._failed)
+
+    def has_pending_loads(self) -> bool:
+        """Adapter loads in flight (the server keeps stepping while they run, to report them)."""
+        return self.adapters is not None and self.adapters.has_pending_loads()
 
     def get_num_unfinished_requests(self) -> int:
         return len(self.requests)
@@ -162,9 +206,12 @@ class LLMEngine:
     # ---- the loop
     def step(self) -> list[RequestOutput]:
         """One scheduling step and forward pass; outputs of the requests that produced a token or finished."""
+        failed = self._poll_adapters()
         out = self.scheduler.schedule()
         if out.is_empty:
-            return []
+            if not failed and self.has_pending_loads():  # nothing to run until a load lands: wait for it briefly
+                self.adapters.wait_for_load(_IDLE_LOAD_WAIT_S)
+            return failed
         now = time.monotonic()
         sampling, sampled = self.model_runner.execute(out)
         tokens = dict(zip(map(id, sampling), sampled.token_ids, strict=True)) if sampled else {}
@@ -174,7 +221,7 @@ class LLMEngine:
         for seq in out.seqs:
             metrics = self.requests[seq.request_id].metrics
             metrics.first_scheduled_time = metrics.first_scheduled_time or now
-        return self._postprocess(sampling, sampled) if sampled else []
+        return failed + self._postprocess(sampling, sampled) if sampled else failed
 
     def _postprocess(self, sampling: list[Sequence], sampled: SamplerOutput) -> list[RequestOutput]:
         finished: dict[str, list[Sequence]] = defaultdict(list)
@@ -230,7 +277,52 @@ class LLMEngine:
             self.counters["finished"] += 1
         return RequestOutput(request.request_id, request.prompt, request.prompt_token_ids, outputs, done,
                              num_cached_tokens=request.seqs[0].num_cached_tokens, metrics=request.metrics,
-                             lora_request=request.lora_request)
+                             lora_request=request.lora_request, error=request.error)
+
+    # ---- adapters
+    def _poll_adapters(self) -> list[RequestOutput]:
+        """Fail the waiting requests whose adapter load failed or turned out to be another version."""
+        if self.adapters is not None:
+            for result in self.adapters.poll():
+                for request in self._waiting_on(result.adapter_id):
+                    try:
+                        if result.error is not None:
+                            raise result.error
+                        self.adapters.check_request(request.lora_request)
+                    except AdapterError as exc:
+                        self._fail(request, exc)
+        failed, self._failed = self._failed, []
+        return failed
+
+    def _waiting_on(self, adapter_id) -> list[_Request]:
+        return [r for r in self.requests.values() if r.lora_request is not None and r.lora_request.id == adapter_id
+                and all(seq.status is SequenceStatus.WAITING for seq in r.seqs)]
+
+    def _fail(self, request: _Request, error: AdapterError) -> None:
+        logger.warning("request %s fails: %s", request.request_id, error)
+        self.scheduler.finish(request.seqs, "error")
+        request.error = error
+        self._failed.append(self._request_output(request, time.monotonic()))
+
+    def check_adapter_source(self, lora_request: LoRARequest) -> None:
+        """Raise ``AdapterSourceNotAllowed`` if the adapter's path is outside the allow-list."""
+        self._require_lora()
+        self.adapters.loader.check_source(lora_request)
+
+    def load_adapter(self, lora_request: LoRARequest) -> Future:
+        """Fetch an adapter into the host tier in the background; the future gives what ``list_adapters`` shows of
+        it, or its error (``AdapterSourceNotAllowed``, ``AdapterFormatError``, ``AdapterLoadError``)."""
+        self._require_lora()
+        return self.adapters.load(lora_request)
+
+    def unload_adapter(self, adapter_id: int | str) -> dict:
+        """Drop an adapter from every tier; running requests using it finish first (it leaves its slot then)."""
+        self._require_lora()
+        return self.adapters.unload(adapter_id)
+
+    def list_adapters(self) -> list[dict]:
+        """Adapters this engine holds (in a slot or in the host tier); empty without LoRA."""
+        return [] if self.adapters is None else self.adapters.list()
 
     # ---- introspection
     def stats(self) -> dict:
@@ -245,4 +337,5 @@ class LLMEngine:
                        "computed": self.counters["computed_tokens"]},
             "steps": self.counters["steps"],
             "preemptions": self.scheduler.num_preemptions,
+            **(self.adapters.stats() if self.adapters is not None else _NO_ADAPTERS),
         }

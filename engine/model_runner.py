@@ -68,16 +68,24 @@ class ModelRunner:
         return num_blocks
 
     def prepare(self, out: SchedulerOutput) -> tuple[torch.Tensor, BatchMetadata, list[Sequence]]:
-        """Flatten the step: token ids [T], the batch metadata, and the sequences that sample a token."""
+        """Flatten the step: token ids [T], the batch metadata, and the sequences that sample a token.
+
+        Sequences with adapters are laid out by slot, so each adapter's tokens are one run for the LoRA kernels.
+        """
         bs = self.block_size
         input_ids, positions, slots, tables, seq_lens, starts, logits_indices = [], [], [], [], [], [0], []
-        sampling = []
-        for seq, num_new in zip(out.seqs, out.num_new_tokens, strict=True):
+        token_slots, sampling = [], []
+        scheduled = list(zip(out.seqs, out.num_new_tokens, strict=True))
+        with_lora = any(seq.lora_slot >= 0 for seq in out.seqs)
+        if with_lora:
+            scheduled.sort(key=lambda item: item[0].lora_slot)
+        for seq, num_new in scheduled:
             first, end = seq.num_computed_tokens, seq.num_computed_tokens + num_new
             table = seq.block_table
             input_ids.extend(seq.token_ids[first:end])
             positions.extend(range(first, end))
             slots.extend(table[p // bs] * bs + p % bs for p in range(first, end))
+            token_slots.extend([seq.lora_slot] * num_new)
             tables.append(table)
             seq_lens.append(end)
             starts.append(starts[-1] + num_new)
@@ -93,6 +101,7 @@ class ModelRunner:
             seq_lens=self._tensor(seq_lens, torch.int32),
             query_start_loc=self._tensor(starts, torch.int32),
             logits_indices=self._tensor(logits_indices, torch.int64),
+            token_slots=self._tensor(token_slots, torch.int32) if with_lora else None,
         )
         return self._tensor(input_ids, torch.int64), batch, sampling
 

@@ -10,7 +10,7 @@ class CompletionOutput:
     token_ids: list[int]
     cumulative_logprob: float | None = None
     logprobs: list[dict[int, float]] | None = None  # per token: {token id: logprob}, the sampled token first
-    finish_reason: str | None = None  # "stop" | "length" | "abort"; None while running
+    finish_reason: str | None = None  # "stop" | "length" | "abort" | "error"; None while running
     stop_reason: int | str | None = None  # the stop token id or stop string, when one ended it
 
     def finished(self) -> bool:
@@ -37,6 +37,9 @@ class RequestOutput:
     num_cached_tokens: int = 0  # prompt tokens served from the prefix cache (first completion, last admission)
     metrics: RequestMetrics | None = None
     lora_request: object = field(default=None, repr=False)
+    # Why the request failed (finish_reason "error"): an ``engine.lora.errors.AdapterError`` whose ``code`` names
+    # the check (source_not_allowed, sha256_mismatch, rank_too_large, store_unreachable, ...).
+    error: Exception | None = None
 
     @property
     def num_generated_tokens(self) -> int:

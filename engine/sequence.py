@@ -1,6 +1,7 @@
 """``Sequence``: the passive record of one generation (one of a request's ``n`` completions).
 
-Who writes what: the scheduler writes ``status`` and ``num_computed_tokens`` and appends sampled tokens; the
+Who writes what: the scheduler writes ``status``, ``num_computed_tokens``, ``lora_slot``, ``cache_key`` (the adapter's
+content hash once it is loaded) and ``arrival_step``, and appends sampled tokens; the
 block manager writes ``block_table``, ``block_hashes`` and ``num_hashed_blocks``; the engine's output processor
 writes the detokenizer, logprobs and finish fields. The model runner only reads.
 """
@@ -22,18 +23,24 @@ class SequenceStatus(enum.Enum):
 def adapter_cache_key(lora_request) -> Hashable | None:
     """The extra key of prefix-cache block hashes: None for the base model, else the adapter's identity.
 
-    The adapter's content hash (sha256 of its weights) when known, so two versions never share KV; the
-    multi-LoRA work may give ``LoRARequest`` a ``content_hash`` attribute that takes precedence.
+    The adapter's content hash (sha256 of its weights) when the request states it, so two versions never share KV;
+    else a provisional key from its id, which the scheduler replaces with the loaded weights' hash at admission
+    (:func:`adapter_content_key`), before any block is hashed.
     """
     if lora_request is None:
         return None
-    content = getattr(lora_request, "content_hash", None) or getattr(lora_request, "sha256", None)
-    return ("adapter", content) if content else ("adapter-id", lora_request.id)
+    return adapter_content_key(lora_request.sha256) if lora_request.sha256 else ("adapter-id", lora_request.id)
+
+
+def adapter_content_key(sha256: str) -> Hashable:
+    """The prefix-cache key of an adapter whose weights file has this sha256."""
+    return ("adapter", sha256)
 
 
 class Sequence:
     __slots__ = (
-        "seq_id", "request_id", "index", "arrival_index", "params", "lora_request", "cache_key", "generator",
+        "seq_id", "request_id", "index", "arrival_index", "arrival_step", "params", "lora_request", "lora_slot",
+        "cache_key", "generator",
         "token_ids", "num_prompt_tokens", "num_computed_tokens", "num_cached_tokens", "status",
         "block_table", "block_hashes", "num_hashed_blocks",
         "detokenizer", "logprobs", "cumulative_logprob", "finish_reason", "stop_reason", "num_preemptions",
@@ -55,8 +62,10 @@ class Sequence:
         self.request_id = request_id
         self.index = index  # which of the request's n completions
         self.arrival_index = arrival_index  # FCFS order across requests
+        self.arrival_step = 0  # the scheduler's step count when it was queued (bounded waiting)
         self.params = params
         self.lora_request = lora_request
+        self.lora_slot = -1  # the adapter slot it pins while running; -1: none (base model, or not running)
         self.cache_key = adapter_cache_key(lora_request)
         self.generator = _generator(params.seed, index, device) if params.seed is not None else None
         self.token_ids = list(prompt_token_ids)

@@ -80,17 +80,30 @@ def lora_shrink(
     x: torch.Tensor,  # [num_tokens, in_features]
     lora_a: torch.Tensor,  # [num_slots, max_rank, in_features]
     token_slots: torch.Tensor,  # [num_tokens] int32, -1 = no adapter
+    *,
+    slot_ranks: torch.Tensor | None = None,  # [num_slots] int32, rank of each slot's adapter
+    num_slices: int = 1,
 ) -> torch.Tensor:  # [num_tokens, max_rank] float32
-    """``h[t] = lora_a[token_slots[t]] @ x[t]`` in fp32; rows of tokens without an adapter are zero."""
-    return _impl("lora_shrink", x.device)(x, lora_a, token_slots)
+    """``h[t] = lora_a[token_slots[t]] @ x[t]`` in fp32; rows of tokens without an adapter are zero.
+
+    A fused projection (q/k/v, gate/up) stacks its parts' A matrices on the rank axis: ``num_slices`` equal parts
+    of ``max_rank``. ``slot_ranks`` says how many rows of each part a slot uses (the rest is zero padding, which a
+    backend may skip)."""
+    return _impl("lora_shrink", x.device)(x, lora_a, token_slots, slot_ranks=slot_ranks, num_slices=num_slices)
 
 
 def lora_expand(
     y: torch.Tensor,  # [num_tokens, out_features], updated in place
-    h: torch.Tensor,  # [num_tokens, max_rank]
+    h: torch.Tensor,  # [num_tokens, num_slices * max_rank]
     lora_b: torch.Tensor,  # [num_slots, out_features, max_rank]
     token_slots: torch.Tensor,  # [num_tokens] int32, -1 = no adapter
     scales: torch.Tensor,  # [num_slots] float32
+    *,
+    slot_ranks: torch.Tensor | None = None,  # [num_slots] int32, rank of each slot's adapter
+    slices: tuple[int, ...] | None = None,  # output sizes of a fused projection's parts, summing to out_features
 ) -> None:
-    """``y[t] += scales[s] * lora_b[s] @ h[t]`` with ``s = token_slots[t]``; tokens with -1 are untouched."""
-    _impl("lora_expand", y.device)(y, h, lora_b, token_slots, scales)
+    """``y[t] += scales[s] * lora_b[s] @ h[t]`` with ``s = token_slots[t]``; tokens with -1 are untouched.
+
+    With ``slices``, part ``i`` of ``y`` (and of ``lora_b``'s output axis) takes columns ``i * max_rank`` to
+    ``(i + 1) * max_rank`` of ``h``: what :func:`lora_shrink` with ``num_slices = len(slices)`` returns."""
+    _impl("lora_expand", y.device)(y, h, lora_b, token_slots, scales, slot_ranks=slot_ranks, slices=slices)

@@ -55,26 +55,47 @@ def write_kv(
 
 def lora_shrink(
     x: torch.Tensor,  # [num_tokens, in_features]
-    lora_a: torch.Tensor,  # [num_slots, max_rank, in_features]
+    lora_a: torch.Tensor,  # [num_slots, max_rank, in_features]; num_slices equal parts when fused
     token_slots: torch.Tensor,  # [num_tokens] int32; -1 = no adapter
+    *,
+    slot_ranks: torch.Tensor | None = None,  # [num_slots] int32
+    num_slices: int = 1,
 ) -> torch.Tensor:  # [num_tokens, max_rank] float32
     h = torch.zeros(x.shape[0], lora_a.shape[1], dtype=torch.float32, device=x.device)
     for t in range(x.shape[0]):
         slot = int(token_slots[t])
         if slot >= 0:
-            h[t] = lora_a[slot].float() @ x[t].float()
+            h[t] = _used_rows(lora_a[slot], slot_ranks, slot, num_slices).float() @ x[t].float()
     return h
 
 
 def lora_expand(
     y: torch.Tensor,  # [num_tokens, out_features], updated in place
-    h: torch.Tensor,  # [num_tokens, max_rank]
+    h: torch.Tensor,  # [num_tokens, num_slices * max_rank]
     lora_b: torch.Tensor,  # [num_slots, out_features, max_rank]
     token_slots: torch.Tensor,  # [num_tokens] int32; -1 = no adapter
     scales: torch.Tensor,  # [num_slots] float32
+    *,
+    slot_ranks: torch.Tensor | None = None,  # [num_slots] int32
+    slices: tuple[int, ...] | None = None,  # output sizes of a fused projection's parts
 ) -> None:
-    for t in range(y.shape[0]):
-        slot = int(token_slots[t])
-        if slot >= 0:
-            delta = float(scales[slot]) * (lora_b[slot].float() @ h[t].float())
-            y[t] += delta.to(y.dtype)
+    max_rank, offset = lora_b.shape[2], 0
+    for i, size in enumerate(slices or (y.shape[1],)):  # part i: its columns of y and lora_b, its slice of h
+        y_part, b_part = y[:, offset : offset + size], lora_b[:, offset : offset + size]
+        h_part = h[:, i * max_rank : (i + 1) * max_rank]
+        offset += size
+        for t in range(y.shape[0]):
+            slot = int(token_slots[t])
+            if slot >= 0:
+                b = _used_rows(b_part[slot].t(), slot_ranks, slot, 1).t()  # [size, max_rank]
+                delta = float(scales[slot]) * (b.float() @ h_part[t].float())
+                y_part[t] += delta.to(y.dtype)
+
+
+def _used_rows(weight: torch.Tensor, slot_ranks, slot: int, num_slices: int) -> torch.Tensor:
+    """``weight`` ([num_slices * max_rank, n]) with the rows past the slot's rank in each slice zeroed."""
+    if slot_ranks is None:
+        return weight
+    rank, part = int(slot_ranks[slot]), weight.shape[0] // num_slices
+    keep = (torch.arange(weight.shape[0], device=weight.device) % part < rank)[:, None]
+    return torch.where(keep, weight, torch.zeros((), dtype=weight.dtype, device=weight.device))

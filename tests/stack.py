@@ -35,21 +35,23 @@ STACK_MODEL_NAME = "tiny"
 ENGINE_API_KEY = "stack-engine-key"
 
 
-def engine_argv(model_dir: Path, log_dir: Path) -> list[str]:
-    """An engine on the stack's tiny model (the port is added by start_stack)."""
+def engine_argv(model_dir: Path, log_dir: Path, bucket: str) -> list[str]:
+    """An engine on the stack's tiny model serving adapters from the registry's prefix of ``bucket`` (the port is
+    added by start_stack). Max rank 64: the control plane's MAX_LORA_RANK default."""
     key_file = log_dir / "engine-key"
     log_dir.mkdir(parents=True, exist_ok=True)
     key_file.write_text(ENGINE_API_KEY)
     return python("-m", "engine", "serve", str(model_dir), "--host", "127.0.0.1", "--served-model-name",
                   STACK_MODEL_NAME, "--api-key-file", str(key_file), "--kv-cache-memory", "64MiB",
-                  "--max-model-len", "512", "--no-enable-lora")
+                  "--max-model-len", "512", "--enable-lora", "--adapter-sources", f"s3://{bucket}/tenants/",
+                  "--max-lora-rank", "64")
 
 
 def start_stack(log_dir: Path, *, model_dir: Path | None = None, num_engines: int = 0) -> Stack:
     """The stack; with ``num_engines`` engine replicas on the tiny model in ``model_dir``, which then is the
     base model the control plane serves and validates adapters against."""
-    engine_argvs = [engine_argv(model_dir, log_dir) for _ in range(num_engines)]
     s3 = ensure_s3()
+    engine_argvs = [engine_argv(model_dir, log_dir, s3.bucket) for _ in range(num_engines)]
     redis_url = os.environ.get("REDIS_URL") or ensure_redis()
     engine_ports = [free_port() for _ in engine_argvs]
     engine_urls = [f"http://127.0.0.1:{port}" for port in engine_ports]

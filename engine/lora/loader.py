@@ -149,7 +149,9 @@ class AdapterLoader:
         folder = f"{location.key}/" if location.key else ""
         try:
             listing = client.list_objects_v2(Bucket=location.bucket, Prefix=folder, Delimiter="/", MaxKeys=1000)
-            sizes = {obj["Key"][len(folder):]: obj["Size"] for obj in listing.get("Contents", [])}
+            # Stores such as SeaweedFS keep a "folder/" marker object after its files are deleted: not a file.
+            sizes = {obj["Key"][len(folder):]: obj["Size"] for obj in listing.get("Contents", [])
+                     if obj["Key"] != folder and not obj["Key"].endswith("/")}
             if not sizes:
                 raise AdapterLoadError("not_found", f"no adapter at {location.uri}")
             check_adapter_files(sizes)

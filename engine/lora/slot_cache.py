@@ -1,14 +1,7 @@
 """The adapter slot cache: a bounded set of device slots over a host-memory tier, fed by a background loader.
 
-Device buffers, per target module (all seven, so any adapter fits any slot), zero-padded to ``max_rank``:
-  ``lora_a[module]``: ``[num_layers, num_slots, max_rank, in_features]``
-  ``lora_b[module]``: ``[num_layers, num_slots, out_features, max_rank]``
-  ``scales``: ``[num_slots]`` fp32 (0 for a free slot)
-so ``lora_a[module][layer]`` is the contiguous ``[num_slots, max_rank, in]`` stack that ``kernels.lora_shrink``
-takes (see :meth:`AdapterSlotCache.layer_weights`). Rows/columns past an adapter's rank, and the modules it does not
-adapt, are zero, so they add nothing. (in, out) per module come from the fingerprint; for SmolLM2-135M (hidden 576,
-intermediate 1536, 9 query and 3 KV heads of 64): q_proj and o_proj (576, 576), k_proj and v_proj (576, 192),
-gate_proj and up_proj (576, 1536), down_proj (1536, 576).
+Device buffers: :class:`engine.lora.slot_buffers.SlotBuffers` (A and B matrices per fused projection group,
+per-slot scale and rank), exposed here as ``group_a``, ``group_b``, ``lora_a``, ``lora_b``, ``scales``, ``slot_ranks``.
 
 Tiers: ``loading`` (on the loader thread) -> ``host`` (LRU of ``max_cpu_loras`` LoadedAdapters) -> ``resident``
 (in a slot; LRU over unpinned slots). A slot is pinned while running sequences use it (:meth:`acquire` /
@@ -18,16 +11,17 @@ All methods are safe to call from any thread (one lock); the engine loop is mean
 
 import threading
 from collections import OrderedDict
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass
 
 import torch
 
 from engine.lora.cache_stats import AdapterCacheStats, CacheCounters, ResidentAdapter
 from engine.lora.errors import AdapterError, AdapterLoadError
-from engine.lora.fingerprint import TARGET_MODULES, ModelFingerprint
+from engine.lora.fingerprint import ModelFingerprint
 from engine.lora.loader import AdapterLoader, LoadedAdapter
 from engine.lora.request import LoRARequest
+from engine.lora.slot_buffers import LLAMA_GROUPS, Group, SlotBuffers
 
 AdapterId = int | str
 
@@ -60,6 +54,7 @@ class AdapterSlotCache:
         device: torch.device | str = "cpu",
         dtype: torch.dtype = torch.float32,
         num_loader_threads: int = 1,
+        groups: tuple[Group, ...] = LLAMA_GROUPS,
     ):
         if not 1 <= max_loras <= max_cpu_loras:
             raise ValueError(f"need 1 <= max_loras ({max_loras}) <= max_cpu_loras ({max_cpu_loras})")
@@ -67,14 +62,11 @@ class AdapterSlotCache:
             raise ValueError(f"max_lora_rank must be positive, got {max_lora_rank}")
         self.fingerprint, self.loader = fingerprint, loader
         self.num_slots, self.max_cpu_loras, self.max_rank = max_loras, max_cpu_loras, max_lora_rank
-        self.lora_a: dict[str, torch.Tensor] = {}  # module -> [num_layers, num_slots, max_rank, in]
-        self.lora_b: dict[str, torch.Tensor] = {}  # module -> [num_layers, num_slots, out, max_rank]
-        for module in TARGET_MODULES:
-            in_features, out_features = fingerprint.module_shape(module)
-            shape = (fingerprint.num_hidden_layers, max_loras)
-            self.lora_a[module] = torch.zeros(*shape, max_lora_rank, in_features, device=device, dtype=dtype)
-            self.lora_b[module] = torch.zeros(*shape, out_features, max_lora_rank, device=device, dtype=dtype)
-        self.scales = torch.zeros(max_loras, device=device, dtype=torch.float32)  # [num_slots]
+        self.buffers = SlotBuffers(fingerprint, num_slots=max_loras, max_rank=max_lora_rank, device=device,
+                                   dtype=dtype, groups=groups)
+        b = self.buffers
+        self.group_a, self.group_b, self.lora_a, self.lora_b = b.group_a, b.group_b, b.lora_a, b.lora_b
+        self.scales, self.slot_ranks = b.scales, b.slot_ranks  # [num_slots] fp32, [num_slots] int32
         self._slots: list[_Resident | None] = [None] * max_loras
         self._slot_of: dict[AdapterId, int] = {}
         self._evictable: OrderedDict[AdapterId, None] = OrderedDict()  # unpinned residents, LRU first
@@ -87,9 +79,15 @@ class AdapterSlotCache:
 
     # ------------------------------------------------------------------ what the model reads
 
+    def group_weights(self, layer: int, group: Group) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(lora_a [num_slots, len(group) * max_rank, in], lora_b [num_slots, sum of outs, max_rank])`` of one
+        (fused) projection of one layer, to pass with :attr:`scales`, :attr:`slot_ranks` and the step's
+        ``token_slots`` to ``kernels.lora_shrink(num_slices=len(group))`` / ``lora_expand(slices=...)``."""
+        return self.group_a[tuple(group)][layer], self.group_b[tuple(group)][layer]
+
     def layer_weights(self, layer: int, module: str) -> tuple[torch.Tensor, torch.Tensor]:
-        """``(lora_a [num_slots, max_rank, in], lora_b [num_slots, out, max_rank])`` of one projection of one layer,
-        to pass with :attr:`scales` and the step's ``token_slots`` to ``kernels.lora_shrink``/``lora_expand``."""
+        """``(lora_a [num_slots, max_rank, in], lora_b [num_slots, out, max_rank])`` of one module of one layer
+        (views into its group's buffers)."""
         return self.lora_a[module][layer], self.lora_b[module][layer]
 
     @property
@@ -112,6 +110,55 @@ class AdapterSlotCache:
     def is_loading(self, adapter_id: AdapterId) -> bool:
         with self._lock:
             return adapter_id in self._loading
+
+    def is_resident(self, adapter_id: AdapterId) -> bool:
+        """In a slot and not being unloaded: :meth:`acquire` is a hit."""
+        with self._lock:
+            return adapter_id in self._slot_of and adapter_id not in self._doomed
+
+    def is_unloading(self, adapter_id: AdapterId) -> bool:
+        """Unloaded while pinned: it leaves its slot at its last release and cannot be acquired meanwhile."""
+        with self._lock:
+            return adapter_id in self._doomed
+
+    def pin_counts(self) -> dict[AdapterId, int]:
+        """Pinned adapters (not being unloaded) -> the number of running sequences using each."""
+        with self._lock:
+            return {r.adapter_id: r.pins for r in self._slots
+                    if r is not None and r.pins and r.adapter_id not in self._doomed}
+
+    def describe(self, adapter_id: AdapterId) -> dict | None:
+        """What the cache holds of a loaded adapter (``id``, ``rank``, ``sha256``, ``slot``, ``pinned_by``,
+        ``in_host_tier``; from the host tier also ``scaling``, ``target_modules``, ``load_ms``), or None."""
+        with self._lock:
+            slot, host = self._slot_of.get(adapter_id), self._host.get(adapter_id)
+            if slot is None and host is None:
+                return None
+            resident = self._slots[slot] if slot is not None else None
+            info = {"id": adapter_id, "slot": slot, "pinned_by": resident.pins if resident else 0,
+                    "in_host_tier": host is not None}
+            if host is None:
+                return {**info, "rank": resident.rank, "sha256": resident.sha256}
+            return {**info, "rank": host.rank, "sha256": host.sha256, "scaling": host.scaling,
+                    "target_modules": list(host.spec.target_modules), "load_ms": round(host.load_ms, 3)}
+
+    def loaded_ids(self) -> list[AdapterId]:
+        """Adapters in a slot (by slot) then those only in the host tier (least recently used first)."""
+        with self._lock:
+            resident = [r.adapter_id for r in self._slots if r is not None]
+            return resident + [a for a in self._host if a not in self._slot_of]
+
+    @property
+    def num_loading(self) -> int:
+        with self._lock:
+            return len(self._loading)
+
+    def wait_for_load(self, timeout: float) -> None:
+        """Block until a pending load finishes or ``timeout`` seconds pass (for an engine with nothing else to do)."""
+        with self._lock:
+            futures = list(self._loading.values())
+        if futures:
+            wait(futures, timeout=timeout, return_when=FIRST_COMPLETED)
 
     def content_hash(self, adapter_id: AdapterId) -> str:
         """sha256 of the adapter's weights (for prefix-cache keys); the adapter must be loaded."""
@@ -227,23 +274,11 @@ class AdapterSlotCache:
         del self._slot_of[resident.adapter_id]
         self._evictable.pop(resident.adapter_id, None)
         self._doomed.discard(resident.adapter_id)
-        self.scales[slot] = 0.0  # stale weights stay in the buffers but a zero scale keeps them inert
+        self.buffers.clear(slot)
 
     def _write_slot(self, slot: int, adapter: LoadedAdapter) -> None:
-        rank = adapter.rank
-        for module in TARGET_MODULES:
-            a = self.lora_a[module][:, slot]  # [num_layers, max_rank, in]
-            b = self.lora_b[module][:, slot]  # [num_layers, out, max_rank]
-            if module in adapter.lora_a:
-                a[:, :rank].copy_(adapter.lora_a[module], non_blocking=True)
-                b[:, :, :rank].copy_(adapter.lora_b[module], non_blocking=True)
-                a[:, rank:].zero_()
-                b[:, :, rank:].zero_()
-            else:
-                a.zero_()
-                b.zero_()
-        self.scales[slot] = adapter.scaling
-        self._slots[slot] = _Resident(adapter.id, rank, adapter.sha256)
+        self.buffers.write(slot, adapter)
+        self._slots[slot] = _Resident(adapter.id, adapter.rank, adapter.sha256)
         self._slot_of[adapter.id] = slot
 
     # ------------------------------------------------------------------ stats, invariants, shutdown

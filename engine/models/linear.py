@@ -1,11 +1,14 @@
-"""The one linear layer every projection of the model goes through (fused or not), with a hook for adapters."""
+"""The one linear layer every projection of the model goes through (fused or not), LoRA included."""
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 from torch import nn
+
+import kernels
+from engine.batch_metadata import BatchMetadata
 
 
 @dataclass(frozen=True, slots=True)
@@ -17,15 +20,28 @@ class OutputSlice:
     size: int
 
 
-# ``adapter(layer, x, y)`` adds low-rank deltas to ``y`` in place; the multi-LoRA slot cache installs it.
-AdapterHook = Callable[["Projection", torch.Tensor, torch.Tensor], None]
+@dataclass(frozen=True, slots=True)
+class LoRAWeights:
+    """A projection's view of every adapter slot (the slot cache's buffers, rewritten in place as slots change).
+
+    A fused projection's parts are stacked: A on the rank axis (part ``i`` in rows ``i * max_rank`` on), B on the
+    output axis in the order of ``Projection.output_slices``.
+    """
+
+    lora_a: torch.Tensor  # [num_slots, num_parts * max_rank, in_features]
+    lora_b: torch.Tensor  # [num_slots, out_features, max_rank]
+    scales: torch.Tensor  # [num_slots] float32, 0 for a free slot
+    slot_ranks: torch.Tensor  # [num_slots] int32, 0 for a free slot
 
 
 class Projection(nn.Module):
-    """``y = x @ W.T + b`` where ``W`` stacks the weights of the HF projections named in ``slices``.
+    """``y = x @ W.T + b (+ each token's adapter: scale * B @ A @ x)`` where ``W`` stacks the HF projections in
+    ``slices``.
 
     Fusing q/k/v and gate/up into one GEMM each is faster on every backend; ``output_slices`` keeps the HF names
-    and sizes so weights load by name and adapters know which columns of ``y`` belong to which projection.
+    and sizes so weights load by name and adapters know which columns of ``y`` belong to which projection. The
+    LoRA part runs only when the step has tokens with an adapter (``batch.token_slots``): one shrink and one
+    expand through ``kernels`` for the whole fused projection.
     """
 
     def __init__(self, prefix: str, in_features: int, slices: Sequence[tuple[str, int]], bias: bool):
@@ -40,13 +56,25 @@ class Projection(nn.Module):
         self.output_slices: tuple[OutputSlice, ...] = tuple(offsets)
         self.weight = nn.Parameter(torch.empty(offset, in_features), requires_grad=False)  # [out, in]
         self.bias = nn.Parameter(torch.empty(offset), requires_grad=False) if bias else None  # [out]
-        self.adapter: AdapterHook | None = None
+        self.lora: LoRAWeights | None = None
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:  # [num_tokens, in] -> [num_tokens, out]
+    @property
+    def module_names(self) -> tuple[str, ...]:
+        return tuple(piece.name for piece in self.output_slices)
+
+    def forward(self, x: torch.Tensor, batch: BatchMetadata | None = None) -> torch.Tensor:
+        # x: [num_tokens, in] -> [num_tokens, out]
         y = F.linear(x, self.weight, self.bias)
-        if self.adapter is not None:
-            self.adapter(self, x, y)
+        if self.lora is not None and batch is not None and batch.token_slots is not None:
+            self._add_lora(x, y, batch.token_slots)
         return y
+
+    def _add_lora(self, x: torch.Tensor, y: torch.Tensor, token_slots: torch.Tensor) -> None:
+        lora, num_parts = self.lora, len(self.output_slices)
+        h = kernels.lora_shrink(x, lora.lora_a, token_slots, slot_ranks=lora.slot_ranks,
+                                num_slices=num_parts)  # [num_tokens, num_parts * max_rank] fp32
+        slices = tuple(piece.size for piece in self.output_slices) if num_parts > 1 else None
+        kernels.lora_expand(y, h, lora.lora_b, token_slots, lora.scales, slot_ranks=lora.slot_ranks, slices=slices)
 
     def hf_names(self) -> dict[str, tuple[nn.Parameter, int, int]]:
         """HF tensor name -> (parameter, first row, rows) for the loader."""

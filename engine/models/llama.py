@@ -1,7 +1,8 @@
 """The Llama family (Llama, Mistral, Qwen2 config differences: GQA, rope scaling, tied embeddings, biases).
 
 Weights come from HF safetensors by name (``engine.models.loader``); no transformers model class runs here.
-Every projection is an ``engine.models.linear.Projection``; attention reads and writes the paged KV cache
+Every projection is an ``engine.models.linear.Projection`` (adapters included, via :meth:`bind_lora` and the
+batch's token-to-slot index); attention reads and writes the paged KV cache
 through ``kernels.write_kv`` and ``kernels.paged_attention`` over the whole flattened batch.
 """
 
@@ -12,7 +13,7 @@ from torch import nn
 import kernels
 from engine.batch_metadata import BatchMetadata
 from engine.config import ModelConfig
-from engine.models.linear import Projection
+from engine.models.linear import LoRAWeights, Projection
 from engine.models.rotary import RotaryEmbedding, apply_rotary
 
 
@@ -44,7 +45,7 @@ class Attention(nn.Module):
 
     def forward(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor], batch: BatchMetadata):
         num_tokens = x.shape[0]
-        q, k, v = self.qkv_proj(x).split(self.sizes, dim=-1)  # [T, Hq*D], [T, Hkv*D], [T, Hkv*D]
+        q, k, v = self.qkv_proj(x, batch).split(self.sizes, dim=-1)  # [T, Hq*D], [T, Hkv*D], [T, Hkv*D]
         q = apply_rotary(q.view(num_tokens, self.num_heads, self.head_dim), *rope)  # [T, Hq, D]
         k = apply_rotary(k.view(num_tokens, self.num_kv_heads, self.head_dim), *rope)  # [T, Hkv, D]
         v = v.view(num_tokens, self.num_kv_heads, self.head_dim)
@@ -52,7 +53,7 @@ class Attention(nn.Module):
         out = kernels.paged_attention(
             q, self.k_cache, self.v_cache, batch.block_tables, batch.seq_lens, batch.query_start_loc, self.scale
         )  # [T, Hq, D]
-        return self.o_proj(out.view(num_tokens, -1))
+        return self.o_proj(out.view(num_tokens, -1), batch)
 
 
 class MLP(nn.Module):
@@ -65,9 +66,9 @@ class MLP(nn.Module):
         self.down_proj = Projection(prefix, size, [("down_proj", config.hidden_size)], bias=config.mlp_bias)
         self.size = size
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:  # [T, hidden]
-        gate, up = self.gate_up_proj(x).split(self.size, dim=-1)  # 2 x [T, intermediate]
-        return self.down_proj(F.silu(gate) * up)
+    def forward(self, x: torch.Tensor, batch: BatchMetadata | None = None) -> torch.Tensor:  # [T, hidden]
+        gate, up = self.gate_up_proj(x, batch).split(self.size, dim=-1)  # 2 x [T, intermediate]
+        return self.down_proj(F.silu(gate) * up, batch)
 
 
 class DecoderLayer(nn.Module):
@@ -81,7 +82,7 @@ class DecoderLayer(nn.Module):
 
     def forward(self, x: torch.Tensor, rope, batch: BatchMetadata) -> torch.Tensor:  # [T, hidden]
         x = x + self.self_attn(self.input_layernorm(x), rope, batch)
-        return x + self.mlp(self.post_attention_layernorm(x))
+        return x + self.mlp(self.post_attention_layernorm(x), batch)
 
 
 class LlamaForCausalLM(nn.Module):
@@ -103,6 +104,14 @@ class LlamaForCausalLM(nn.Module):
     def bind_kv_cache(self, k_caches: list[torch.Tensor], v_caches: list[torch.Tensor]) -> None:
         for layer, k_cache, v_cache in zip(self.layers, k_caches, v_caches, strict=True):
             layer.self_attn.k_cache, layer.self_attn.v_cache = k_cache, v_cache
+
+    def bind_lora(self, slot_cache) -> None:
+        """Point every projection at its part of the adapter slot cache's buffers (``AdapterSlotCache``)."""
+        for i, layer in enumerate(self.layers):
+            for projection in layer.modules():
+                if isinstance(projection, Projection):
+                    lora_a, lora_b = slot_cache.group_weights(i, projection.module_names)
+                    projection.lora = LoRAWeights(lora_a, lora_b, slot_cache.scales, slot_cache.slot_ranks)
 
     def forward(self, input_ids: torch.Tensor, batch: BatchMetadata) -> torch.Tensor:
         # input_ids: [T] -> hidden states [T, hidden]

@@ -16,11 +16,12 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
 from engine.async_engine import AsyncEngine, EngineDead, EngineOverloaded
+from engine.lora.errors import AdapterError
 from engine.server.errors import APIError, bad_request
 from engine.server.generation import RequestState, full_response, stream_events
 from engine.server.metrics import EngineMetrics
 from engine.server.protocol import GenerationRequest, parse_chat, parse_completion
-from engine.server.serving_model import ServingModel
+from engine.server.serving_model import ServingModel, adapter_error
 
 logger = logging.getLogger("engine.server")
 MAX_BODY_BYTES = 4 * 1024 * 1024
@@ -129,9 +130,10 @@ async def models(request: Request) -> Response:
     state = _state(request)
     created = int(state.started_at)
     data = [{"id": state.served_model, "object": "model", "created": created, "owned_by": "engine", "root": None}]
-    for adapter_id in await state.model.resident_ids():
-        data.append({"id": adapter_id, "object": "model", "created": created, "owned_by": "engine",
-                     "root": state.served_model, "parent": state.served_model})
+    for adapter in await state.model.adapters():
+        data.append({"id": str(adapter["id"]), "object": "model", "created": created, "owned_by": "engine",
+                     "root": state.served_model, "parent": state.served_model,
+                     "rank": adapter["rank"], "slot": adapter["slot"]})
     return JSONResponse({"object": "list", "data": data})
 
 
@@ -202,10 +204,11 @@ async def _merged_outputs(state: ServerState, request_id: str, prompt_ids: list[
         try:
             async for output in state.engine.generate(sub_id, None, params[index], prompt_token_ids=prompt_ids[index],
                                                       lora_request=lora_request):
+                if output.error is not None:  # before any completion: a stream not yet started gets the status
+                    await queue.put(output.error)
+                    break
                 for completion in output.outputs:
                     await queue.put((index, completion))
-                if output.finished and getattr(output, "error", None):
-                    await queue.put(output.error)
         except BaseException as exc:  # noqa: BLE001 - handed to the consumer
             await queue.put(exc)
         finally:
@@ -230,6 +233,8 @@ async def _merged_outputs(state: ServerState, request_id: str, prompt_ids: list[
 def _as_api_error(exc: BaseException) -> BaseException:
     if isinstance(exc, APIError):
         return exc
+    if isinstance(exc, AdapterError):
+        return adapter_error(exc)
     if isinstance(exc, EngineOverloaded):
         return APIError(503, str(exc), code="overloaded", retry_after=1)
     if isinstance(exc, EngineDead):
@@ -279,7 +284,7 @@ def _observe(state: ServerState, run: RequestState, *, outcome: str) -> None:
 
 async def load_adapter(request: Request) -> Response:
     body = await _json_body(request)
-    info = await _state(request).adapters.load(body.get("adapter"))
+    info = await _state(request).model.load(body.get("adapter"))
     return JSONResponse({"status": "loaded", **info})
 
 
@@ -288,8 +293,8 @@ async def unload_adapter(request: Request) -> Response:
     adapter_id = body.get("id")
     if not isinstance(adapter_id, str) or not adapter_id:
         raise bad_request("'id' must be a non-empty string", param="id")
-    await _state(request).adapters.unload(adapter_id)
-    return JSONResponse({"status": "unloaded", "id": adapter_id})
+    result = await _state(request).model.unload(adapter_id)
+    return JSONResponse({"status": "unloaded", **result})
 
 
 def build_app(server: ServerState, shutdown_grace: float = 30.0) -> Starlette:

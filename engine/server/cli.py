@@ -23,7 +23,7 @@ def build_parser() -> argparse.ArgumentParser:
                             "(else $ENGINE_API_KEY; no key means no authentication)")
     serve.add_argument("--adapter-sources", default=os.environ.get("ENGINE_ADAPTER_SOURCES", ""),
                        help="comma-separated prefixes (s3://bucket/prefix/ or local folders) adapters may come "
-                            "from; default $ENGINE_ADAPTER_SOURCES")
+                            "from, anything else is refused (403); default $ENGINE_ADAPTER_SOURCES, empty: none")
     serve.add_argument("--max-waiting", type=int, default=512,
                        help="waiting requests beyond which new ones get 503 with Retry-After")
     serve.add_argument("--shutdown-grace", type=float, default=30.0,
@@ -40,8 +40,8 @@ def build_parser() -> argparse.ArgumentParser:
     engine.add_argument("--device", default="auto")
     engine.add_argument("--seed", type=int, default=0)
     lora = serve.add_argument_group("LoRA")
-    lora.add_argument("--enable-lora", action="store_true", default=False, help="serve adapters")
-    lora.add_argument("--no-enable-lora", dest="enable_lora", action="store_false")
+    lora.add_argument("--enable-lora", action="store_true", default=True, help="serve adapters (the default)")
+    lora.add_argument("--no-enable-lora", dest="enable_lora", action="store_false", help="serve the base model only")
     lora.add_argument("--max-loras", type=int, default=8, help="adapter slots on the device")
     lora.add_argument("--max-cpu-loras", type=int, default=64, help="adapters kept in host memory")
     lora.add_argument("--max-lora-rank", type=int, default=64)

@@ -29,8 +29,13 @@ class EngineMetrics:
         self.adapter_hits = Gauge("engine_adapter_slot_hits", "Adapter slot cache hits", registry=r)
         self.adapter_misses = Gauge("engine_adapter_slot_misses", "Adapter slot cache misses", registry=r)
         self.adapter_evictions = Gauge("engine_adapter_slot_evictions", "Adapter slot evictions", registry=r)
-        self.adapter_loads = Counter("engine_adapter_loads", "Adapter loads by outcome", ["outcome"], registry=r)
+        self.adapter_loads = Gauge("engine_adapter_loads", "Adapter loads from their source since start, by outcome",
+                                   ["outcome"], registry=r)
+        self.adapters_loading = Gauge("engine_adapters_loading", "Adapter loads in flight", registry=r)
         self.adapters_resident = Gauge("engine_adapters_resident", "Adapters in device slots", registry=r)
+        self.adapters_host_tier = Gauge("engine_adapters_host_tier", "Adapters in the host-memory tier", registry=r)
+        self.adapter_load_ms = Gauge("engine_adapter_load_milliseconds", "Recent adapter load times, by quantile",
+                                     ["quantile"], registry=r)
 
     def observe_request(self, *, outcome: str, ttft: float | None, e2e: float, num_generated: int) -> None:
         self.requests_total.labels(outcome).inc()
@@ -51,6 +56,14 @@ class EngineMetrics:
         self.adapter_misses.set(adapters["misses"])
         self.adapter_evictions.set(adapters["evictions"])
         self.adapters_resident.set(len(adapters["resident"]))
+        self.adapters_host_tier.set(len(adapters["host_tier"]))
+        self.adapter_load_ms.labels("0.5").set(adapters["load_ms_p50"])
+        loads = stats.get("adapter_loads")
+        if loads is not None:
+            self.adapter_loads.labels("ok").set(loads["loads"])
+            self.adapter_loads.labels("failed").set(loads["failures"])
+            self.adapters_loading.set(loads["loading"])
+            self.adapter_load_ms.labels("0.99").set(loads["load_ms_p99"])
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

@@ -80,9 +80,12 @@ def _stop(value) -> list[str] | None:
     return stops
 
 
-def _adapter(value: dict | None) -> AdapterSource | None:
+def parse_adapter(value: dict | None) -> AdapterSource | None:
+    """The ``adapter`` extension field (``{"id", "uri"?, "sha256"?}``), checked."""
     if value is None:
         return None
+    if not isinstance(value, dict):
+        raise bad_request("'adapter' must be an object with 'id', 'uri' and 'sha256'", param="adapter")
     unknown = set(value) - {"id", "uri", "sha256"}
     if unknown:
         raise bad_request(f"unknown field 'adapter.{sorted(unknown)[0]}'", param="adapter")
@@ -146,7 +149,7 @@ def parse_completion(body: dict) -> GenerationRequest:
     return GenerationRequest(
         "completion", body["model"], _prompts(body["prompt"]), None,
         _sampling(body, body.get("max_tokens", 16), logprobs), bool(body.get("stream")), include_usage, continuous,
-        _adapter(body.get("adapter")), logprobs, body,
+        parse_adapter(body.get("adapter")), logprobs, body,
     )
 
 
@@ -185,5 +188,5 @@ def parse_chat(body: dict) -> GenerationRequest:
     include_usage, continuous = _stream_options(body)
     return GenerationRequest(
         "chat", body["model"], [], _messages(body["messages"]), _sampling(body, max_tokens, logprobs),
-        bool(body.get("stream")), include_usage, continuous, _adapter(body.get("adapter")), logprobs, body,
+        bool(body.get("stream")), include_usage, continuous, parse_adapter(body.get("adapter")), logprobs, body,
     )

@@ -5,9 +5,12 @@ source (``adapter: {id, uri, sha256}``) so the engine loads it on first use. Sou
 later requests may name the id alone once it has been seen or loaded through the admin API.
 """
 
+import asyncio
+from concurrent.futures import Future
+
 from engine.async_engine import AsyncEngine
 from engine.server.errors import APIError, bad_request
-from engine.server.protocol import AdapterSource, GenerationRequest
+from engine.server.protocol import AdapterSource, GenerationRequest, parse_adapter
 
 
 def adapter_error(exc: Exception) -> APIError:
@@ -102,27 +105,34 @@ class ServingModel:
         return request
 
     async def load(self, value) -> dict:
-        from engine.server.protocol import _adapter
-
-        source = _adapter(value)
+        """Fetch and verify an adapter into the engine's host tier; waits for the load, not the engine loop."""
+        if not self.lora_enabled:
+            raise APIError(400, "this engine serves no adapters (started with --no-enable-lora)",
+                           code="lora_disabled")
+        source = parse_adapter(value)
         if source is None or not source.uri:
             raise bad_request("'adapter' with 'id' and 'uri' is required", param="adapter")
-        self._sources[source.id] = source
         request = self._lora_request(source)
         try:
-            info = await self.async_engine.call(lambda engine: engine.load_adapter(request))
-            info = await info if hasattr(info, "__await__") else info
-        except Exception as exc:  # noqa: BLE001
+            future: Future = await self.async_engine.call(lambda engine: engine.load_adapter(request))
+            info = await asyncio.wrap_future(future)
+        except Exception as exc:  # noqa: BLE001 - adapter refusals map to protocol statuses
             raise adapter_error(exc) from None
-        return {"id": source.id, **(info if isinstance(info, dict) else {})}
+        self._sources[source.id] = source
+        return {**info, "id": source.id}
 
-    async def unload(self, adapter_id: str) -> None:
-        self._sources.pop(adapter_id, None)
-        if self.lora_enabled:
-            await self.async_engine.call(lambda engine: engine.unload_adapter(adapter_id))
+    async def unload(self, adapter_id: str) -> dict:
+        """Drop an adapter everywhere (after the requests running with it); 404 if this engine never saw it."""
+        remembered = self._sources.pop(adapter_id, None) is not None
+        if not self.lora_enabled:
+            raise APIError(404, f"adapter {adapter_id!r} is not loaded", code="not_found", param="id")
+        result = await self.async_engine.call(lambda engine: engine.unload_adapter(adapter_id))
+        if not (result["known"] or remembered):
+            raise APIError(404, f"adapter {adapter_id!r} is not loaded", code="not_found", param="id")
+        return {"id": adapter_id, "pending": not result["unloaded"]}
 
-    async def resident_ids(self) -> list[str]:
+    async def adapters(self) -> list[dict]:
+        """What the engine holds (in a slot or the host tier), for ``GET /v1/models``."""
         if not self.lora_enabled:
             return []
-        adapters = await self.async_engine.call(lambda engine: engine.list_adapters())
-        return [str(a["id"]) if isinstance(a, dict) else str(a) for a in adapters]
+        return await self.async_engine.call(lambda engine: engine.list_adapters())

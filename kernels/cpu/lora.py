@@ -7,6 +7,10 @@ computed once and reused while ``token_slots`` holds the same values (a kept cop
 re-planning). Measured alternatives: ``torch.nn.functional.grouped_mm`` (needs 16-byte strides, pays for every
 empty slot) and a padded ``bmm`` over all slots (faster only for interleaved small batches, wasteful with skewed
 popularity) did not beat this on sorted batches (``python -m bench.lora_ops``).
+
+Fused projections: the shrink of stacked A matrices is one GEMM per run whatever ``num_slices``; the expand loops
+over the ``slices``' column views of ``y`` and ``lora_b``. ``slot_ranks`` is not used: the slot cache keeps the
+padding past each rank zero, so it adds nothing but FLOPs (skipping it per slice would cost a call per slice).
 """
 
 from dataclasses import dataclass
@@ -59,6 +63,9 @@ def lora_shrink(
     x: torch.Tensor,  # [num_tokens, in_features]
     lora_a: torch.Tensor,  # [num_slots, max_rank, in_features]
     token_slots: torch.Tensor,  # [num_tokens] int32; -1 = no adapter
+    *,
+    slot_ranks: torch.Tensor | None = None,  # [num_slots] int32; unused (see the module docstring)
+    num_slices: int = 1,  # parts stacked on lora_a's rank axis; one GEMM covers them all
 ) -> torch.Tensor:  # [num_tokens, max_rank] float32
     plan = _plan(token_slots)
     num_tokens, max_rank = x.shape[0], lora_a.shape[1]
@@ -76,14 +83,26 @@ def lora_shrink(
 
 def lora_expand(
     y: torch.Tensor,  # [num_tokens, out_features], updated in place (may be a column slice of a fused output)
-    h: torch.Tensor,  # [num_tokens, max_rank]
+    h: torch.Tensor,  # [num_tokens, num_slices * max_rank]
     lora_b: torch.Tensor,  # [num_slots, out_features, max_rank]
     token_slots: torch.Tensor,  # [num_tokens] int32; -1 = no adapter
     scales: torch.Tensor,  # [num_slots] float32
+    *,
+    slot_ranks: torch.Tensor | None = None,  # [num_slots] int32; unused (see the module docstring)
+    slices: tuple[int, ...] | None = None,  # output sizes of a fused projection's parts
 ) -> None:
     plan = _plan(token_slots)
     if not plan.segments:
         return
+    max_rank, offset = lora_b.shape[2], 0
+    for i, size in enumerate(slices or (y.shape[1],)):
+        part = slice(offset, offset + size)
+        _expand(y[:, part], h[:, i * max_rank : (i + 1) * max_rank], lora_b[:, part], scales, plan)
+        offset += size
+
+
+def _expand(y: torch.Tensor, h: torch.Tensor, lora_b: torch.Tensor, scales: torch.Tensor, plan: _Plan) -> None:
+    """One part of the expand: ``y`` [T, out], ``h`` [T, max_rank], ``lora_b`` [slots, out, max_rank]."""
     if plan.order is None:
         scale_of = scales.tolist()
         for slot, start, end in plan.segments:

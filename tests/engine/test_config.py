@@ -90,3 +90,23 @@ def test_sampling_params_normalize():
     params = SamplingParams(stop="###", top_k=0, temperature=0)
     assert params.stop == ["###"] and params.top_k == -1 and params.is_greedy and not params.needs_penalties
     assert SamplingParams(max_tokens=None).max_tokens is None
+
+
+@pytest.mark.parametrize(
+    ("changes", "match"),
+    [({"max_loras": 0}, "max_loras"), ({"max_cpu_loras": 4, "max_loras": 8}, "max_cpu_loras"),
+     ({"max_lora_rank": 0}, "max_lora_rank"), ({"max_lora_rank": 1024}, "max_lora_rank must be at most 512"),
+     ({"max_lora_rank": 8.0}, "max_lora_rank"), ({"enable_lora": "yes"}, "enable_lora"),
+     ({"adapter_sources": "s3://b/tenants/"}, "list of prefixes"), ({"adapter_sources": ["s3:///x"]}, "malformed"),
+     ({"adapter_sources": ["http://x/"]}, "adapter source prefix"), ({"max_adapter_wait_steps": 0}, "wait_steps")],
+)
+def test_engine_config_rejects_bad_lora_settings(changes, match):
+    with pytest.raises(ValueError, match=match):
+        EngineConfig(model="m", **{"enable_lora": True, **changes})
+
+
+def test_engine_config_lora_defaults_and_sources():
+    config = EngineConfig(model="m", enable_lora=True, adapter_sources=("s3://lora-adapters/tenants/", "/srv/a"))
+    assert (config.max_loras, config.max_cpu_loras, config.max_lora_rank) == (8, 64, 64)
+    assert config.adapter_sources == ["s3://lora-adapters/tenants/", "/srv/a"]
+    assert EngineConfig(model="m").enable_lora is False and EngineConfig(model="m").adapter_sources is None

@@ -1,6 +1,7 @@
 """The Llama model against transformers' forward pass, and the weight loader's refusals."""
 
 import json
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -9,7 +10,7 @@ from transformers import AutoModelForCausalLM
 
 from engine.batch_metadata import BatchMetadata
 from engine.config import ModelConfig
-from engine.models.linear import Projection
+from engine.models.linear import LoRAWeights, Projection
 from engine.models.loader import load_model
 
 BLOCK = 4
@@ -81,20 +82,30 @@ def test_every_projection_is_one_projection_class_with_hf_names(tiny_llama):
                                                                         ("v_proj", 96, 32)]
 
 
-def test_adapter_hook_sees_input_and_edits_output(tiny_llama):
-    model = engine_model(tiny_llama)
-    ids = list(range(5, 12))
-    base = forward(model, [(ids, 0, [0, 1])])
-    calls = []
-
-    def hook(layer, x, y):
-        calls.append((layer.prefix, x.shape, y.shape))
-        y[:, layer.output_slices[0].offset] += 1.0
-
-    model.layers[1].mlp.down_proj.adapter = hook
-    changed = forward(model, [(ids, 0, [2, 3])])
-    assert calls == [("model.layers.1.mlp", torch.Size([7, 128]), torch.Size([7, 64]))]
-    assert not torch.allclose(base, changed)
+def test_projection_adds_each_tokens_adapter_and_only_when_the_step_has_one():
+    # gate/up fused: one shrink over A stacked on the rank axis, one expand into both column halves
+    g = torch.Generator().manual_seed(0)
+    projection = Projection("model.layers.0.mlp", 16, [("gate_proj", 32), ("up_proj", 48)], bias=False)
+    projection.weight.copy_(torch.randn(80, 16, generator=g))
+    rank, num_slots = 4, 3
+    lora_a = torch.randn(num_slots, 2 * rank, 16, generator=g)  # [slots, gate|up ranks, in]
+    lora_b = torch.randn(num_slots, 80, rank, generator=g)  # [slots, gate+up outputs, rank]
+    scales = torch.tensor([0.5, 2.0, 1.0])
+    projection.lora = LoRAWeights(lora_a, lora_b, scales, torch.full((num_slots,), rank, dtype=torch.int32))
+    x = torch.randn(5, 16, generator=g)
+    slots = [1, 1, -1, 0, 2]
+    batch = SimpleNamespace(token_slots=torch.tensor(slots, dtype=torch.int32))
+    y = projection(x, batch)
+    for t, slot in enumerate(slots):
+        expected = projection.weight @ x[t]
+        if slot >= 0:
+            gate = lora_b[slot, :32] @ (lora_a[slot, :rank] @ x[t])
+            up = lora_b[slot, 32:] @ (lora_a[slot, rank:] @ x[t])
+            expected = expected + scales[slot] * torch.cat([gate, up])
+        torch.testing.assert_close(y[t], expected, rtol=1e-5, atol=1e-5)
+    base = projection(x, SimpleNamespace(token_slots=None))  # no adapter token in the step: the base GEMM only
+    torch.testing.assert_close(base, x @ projection.weight.t())
+    assert not torch.allclose(base[[0, 1, 3, 4]], y[[0, 1, 3, 4]]) and torch.equal(base[2], y[2])
 
 
 def _rewrite(src, dst, edit):

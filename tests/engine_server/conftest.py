@@ -37,12 +37,12 @@ def tiny_model_dir(tmp_path_factory) -> Path:
     return make_tiny_llama(tmp_path_factory.mktemp("tiny-llama"))
 
 
-def start_engine(folder: Path, log_dir: Path, *extra: str) -> EngineServer:
+def start_engine(folder: Path, log_dir: Path, *extra: str, env: dict[str, str] | None = None) -> EngineServer:
     port = free_port()
     key_file = log_dir / "engine-key"
     log_dir.mkdir(parents=True, exist_ok=True)
     key_file.write_text(API_KEY)
-    group = ProcessGroup(log_dir=log_dir, env={"PYTHONUNBUFFERED": "1", "KERNELS_BACKEND": ""})
+    group = ProcessGroup(log_dir=log_dir, env={"PYTHONUNBUFFERED": "1", "KERNELS_BACKEND": "", **(env or {})})
     argv = [sys.executable, "-m", "engine", "serve", str(folder), "--port", str(port),
             "--api-key-file", str(key_file), "--served-model-name", "tiny", "--kv-cache-memory", "64MiB",
             "--max-model-len", "512", *extra]

@@ -137,3 +137,60 @@ def test_public_ops_dispatch_to_the_cpu_path():
     with kernels.use_backend("reference"):
         kernels.lora_expand(y_ref, kernels.lora_shrink(x, lora_a, token_slots), lora_b, token_slots, scales)
     torch.testing.assert_close(y, y_ref, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("order", ["interleaved", "identity"])
+def test_fused_projection_in_one_shrink_and_a_sliced_expand(order):
+    """q|k|v of SmolLM2-135M: A stacked on the rank axis, B on the output axis, mixed ranks; the CPU path, the
+    reference with ``slot_ranks`` and three separate projections agree."""
+    ranks, max_rank, sizes = [16, 4, 16, 1, 8], 16, (576, 192, 192)
+    parts = [make_buffers(576, out, ranks, max_rank, seed=20 + i) for i, out in enumerate(sizes)]
+    lora_a = torch.cat([a for a, _, _ in parts], dim=1)  # [slots, 3 * max_rank, 576]
+    lora_b = torch.cat([b for _, b, _ in parts], dim=1)  # [slots, 960, max_rank]
+    scales = parts[0][2]
+    slot_ranks = torch.tensor(ranks, dtype=torch.int32)
+    token_slots = slots_for(29, seed=9, order=order)
+    x, y = torch.randn(29, 576), torch.randn(29, 960)
+    h = cpu.lora_shrink(x, lora_a, token_slots, slot_ranks=slot_ranks, num_slices=3)
+    torch.testing.assert_close(h, reference.lora_shrink(x, lora_a, token_slots, slot_ranks=slot_ranks, num_slices=3),
+                               atol=1e-4, rtol=1e-4)
+    y_cpu, y_ref, y_parts = y.clone(), y.clone(), y.clone()
+    cpu.lora_expand(y_cpu, h, lora_b, token_slots, scales, slot_ranks=slot_ranks, slices=sizes)
+    reference.lora_expand(y_ref, h, lora_b, token_slots, scales, slot_ranks=slot_ranks, slices=sizes)
+    offset = 0
+    for a, b, _ in parts:
+        part = y_parts[:, offset : offset + b.shape[1]]
+        reference.lora_expand(part, reference.lora_shrink(x, a, token_slots), b, token_slots, scales)
+        offset += b.shape[1]
+    torch.testing.assert_close(y_cpu, y_ref, atol=1e-4, rtol=1e-4)
+    torch.testing.assert_close(y_ref, y_parts, atol=1e-4, rtol=1e-4)
+
+
+def test_reference_ignores_what_lies_past_each_slots_rank():
+    lora_a, lora_b, scales = make_buffers(576, 192, [8, 2, 8, 8, 8], 8, seed=11)
+    slot_ranks = torch.tensor([8, 2, 8, 8, 8], dtype=torch.int32)
+    token_slots = torch.tensor([1, 0, 1, -1], dtype=torch.int32)
+    x, y = torch.randn(4, 576), torch.randn(4, 192)
+    h = reference.lora_shrink(x, lora_a, token_slots, slot_ranks=slot_ranks)
+    y_clean = y.clone()
+    reference.lora_expand(y_clean, h, lora_b, token_slots, scales, slot_ranks=slot_ranks)
+    lora_a[1, 2:], lora_b[1, :, 2:] = float("nan"), float("nan")  # garbage past slot 1's rank 2
+    h_dirty = reference.lora_shrink(x, lora_a, token_slots, slot_ranks=slot_ranks)
+    y_dirty = y.clone()
+    reference.lora_expand(y_dirty, h_dirty, lora_b, token_slots, scales, slot_ranks=slot_ranks)
+    assert torch.equal(h_dirty, h) and torch.equal(y_dirty, y_clean)
+
+
+def test_public_ops_forward_the_fused_extras():
+    lora_a, lora_b, scales = make_buffers(576, 384, [4] * NUM_SLOTS, 4)
+    token_slots = slots_for(7, seed=12)
+    x, y = torch.randn(7, 576), torch.randn(7, 384)
+    stacked_a = torch.cat([lora_a, lora_a], dim=1)  # two parts of rank 4
+    ranks = torch.full((NUM_SLOTS,), 4, dtype=torch.int32)
+    h = kernels.lora_shrink(x, stacked_a, token_slots, slot_ranks=ranks, num_slices=2)
+    assert h.shape == (7, 8)
+    y_fused, y_ref = y.clone(), y.clone()
+    kernels.lora_expand(y_fused, h, lora_b, token_slots, scales, slot_ranks=ranks, slices=(192, 192))
+    with kernels.use_backend("reference"):
+        kernels.lora_expand(y_ref, h, lora_b, token_slots, scales, slot_ranks=ranks, slices=(192, 192))
+    torch.testing.assert_close(y_fused, y_ref, atol=1e-5, rtol=1e-5)

@@ -32,6 +32,16 @@ def build_tiny_llama(path: Path, *, num_layers: int = NUM_LAYERS, vocab_size: in
     return path
 
 
+@pytest.fixture(scope="session", autouse=True)
+def _one_torch_thread():
+    # As in tests/engine: small matrices gain nothing from threads, and on a loaded 2-core machine a 2-thread
+    # OpenMP region waits milliseconds for a descheduled thread.
+    previous = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(previous)
+
+
 @pytest.fixture(scope="session")
 def tiny_llama_dir(tmp_path_factory) -> Path:
     return build_tiny_llama(tmp_path_factory.mktemp("tiny_llama"))

@@ -152,6 +152,20 @@ def test_s3_load_checks_and_matches_local(s3, good_adapter, fingerprint, monkeyp
     assert info.value.code == "not_found"
 
 
+def test_s3_folder_whose_files_were_deleted_is_not_found(s3, good_adapter, fingerprint, monkeypatch):
+    service, client, prefix = s3
+    for key, value in service.env().items():
+        monkeypatch.setenv(key, value)
+    upload(client, service.bucket, f"{prefix}/tenants/t3/v1", good_adapter)
+    for name in ("adapter_config.json", "adapter_model.safetensors"):
+        client.delete_object(Bucket=service.bucket, Key=f"{prefix}/tenants/t3/v1/{name}")
+    client.put_object(Bucket=service.bucket, Key=f"{prefix}/tenants/t3/v1/", Body=b"")  # a folder marker
+    with pytest.raises(AdapterLoadError) as info:
+        loader_for(fingerprint, f"s3://{service.bucket}/{prefix}/").load(
+            LoRARequest("s3", 5, f"s3://{service.bucket}/{prefix}/tenants/t3/v1"))
+    assert info.value.code == "not_found"
+
+
 def test_s3_pickle_folder_is_refused(s3, good_adapter, fingerprint, tmp_path, monkeypatch):
     service, client, prefix = s3
     for key, value in service.env().items():

@@ -82,14 +82,20 @@ def slot_contents(cache, slot):
 
 def test_buffer_layout_for_the_model(make_cache):
     cache = make_cache(max_loras=3)
+    qkv, gate_up = ("q_proj", "k_proj", "v_proj"), ("gate_proj", "up_proj")
+    assert cache.group_a[qkv].shape == (2, 3, 3 * MAX_RANK, 576)  # A stacked on the rank axis
+    assert cache.group_b[qkv].shape == (2, 3, 576 + 192 + 192, MAX_RANK)  # B stacked on the output axis
+    assert cache.group_a[("down_proj",)].shape == (2, 3, MAX_RANK, 1536)
     assert cache.lora_a["q_proj"].shape == (2, 3, MAX_RANK, 576)
     assert cache.lora_b["k_proj"].shape == (2, 3, 192, MAX_RANK)
-    assert cache.lora_a["down_proj"].shape == (2, 3, MAX_RANK, 1536)
-    a, b = cache.layer_weights(1, "up_proj")
-    assert a.shape == (3, MAX_RANK, 576) and b.shape == (3, 1536, MAX_RANK)
+    a, b = cache.group_weights(1, gate_up)
+    assert a.shape == (3, 2 * MAX_RANK, 576) and b.shape == (3, 3072, MAX_RANK)
     assert a.is_contiguous() and b.is_contiguous()
-    assert a.data_ptr() == cache.lora_a["up_proj"][1].data_ptr()  # a view, not a copy
+    up_a, up_b = cache.layer_weights(1, "up_proj")  # views of up's part of the fused buffers, not copies
+    assert up_a.shape == (3, MAX_RANK, 576) and up_b.shape == (3, 1536, MAX_RANK)
+    assert up_a.data_ptr() == a[0, MAX_RANK:].data_ptr() and up_b.data_ptr() == b[0, 1536:].data_ptr()
     assert cache.scales.shape == (3,) and not cache.scales.any()
+    assert cache.slot_ranks.dtype == torch.int32 and not cache.slot_ranks.any()
 
 
 def test_slot_contents_after_a_load(make_cache, adapter_root):
@@ -114,6 +120,7 @@ def test_slot_contents_after_a_load(make_cache, adapter_root):
         if module not in ("q_proj", "v_proj"):
             assert not lora_a[module].any() and not lora_b[module].any()
     assert resident(cache) == [("id-a", 0, 8, 1)] and cache.max_resident_rank == 8
+    assert cache.slot_ranks.tolist() == [8, 0]
 
 
 def test_hits_misses_pins_and_lru_eviction(make_cache, adapter_root):
@@ -209,6 +216,7 @@ def test_unload_frees_now_or_after_the_last_release(make_cache, adapter_root):
     cache.release("id-a")
     assert cache.unload("id-a") is True
     assert cache.slot_of("id-a") is None and not cache.is_loaded("id-a") and float(cache.scales[0]) == 0.0
+    assert int(cache.slot_ranks[0]) == 0
     cache.acquire("id-b")
     assert cache.unload("id-b") is False  # in use: finishes first
     assert not cache.can_acquire("id-b") and cache.slot_of("id-b") == 0
@@ -241,3 +249,31 @@ def test_stats_have_the_protocol_shape(make_cache, adapter_root):
     assert {k: stats[k] for k in ("slots", "host_tier", "hits", "misses", "evictions")} == {
         "slots": 2, "host_tier": ["id-d"], "hits": 0, "misses": 1, "evictions": 0}
     assert stats["load_ms_p50"] > 0 and stats["load_ms_p99"] >= stats["load_ms_p50"]
+
+
+def test_what_the_scheduler_and_the_admin_api_ask(make_cache, adapter_root):
+    cache = make_cache(max_loras=2)
+    assert cache.describe("id-a") is None and cache.loaded_ids() == [] and cache.num_loading == 0
+    cache.request_load(request(adapter_root, "a"))
+    assert cache.num_loading == 1
+    cache.wait_for_load(30)  # returns once the load is done, without polling
+    assert cache.num_loading == 1 and len(cache.poll()) == 1 and cache.num_loading == 0
+    load(cache, adapter_root, "b", "c")
+    info = cache.describe("id-a")
+    assert {k: info[k] for k in ("id", "rank", "slot", "pinned_by", "in_host_tier", "scaling")} == {
+        "id": "id-a", "rank": 8, "slot": None, "pinned_by": 0, "in_host_tier": True, "scaling": 2.0}
+    assert info["target_modules"] == ["q_proj", "v_proj"] and info["load_ms"] > 0
+    cache.acquire("id-c")
+    cache.acquire("id-c")
+    cache.acquire("id-b")
+    assert cache.is_resident("id-c") and not cache.is_resident("id-a")
+    assert cache.pin_counts() == {"id-c": 2, "id-b": 1}  # by slot
+    assert cache.loaded_ids() == ["id-c", "id-b", "id-a"]  # slots first, then the host tier's LRU order
+    cache.unload("id-b")
+    assert cache.is_unloading("id-b") and not cache.is_resident("id-b") and cache.pin_counts() == {"id-c": 2}
+    assert cache.describe("id-b") == {"id": "id-b", "slot": 1, "pinned_by": 1, "in_host_tier": False, "rank": 16,
+                                      "sha256": cache.content_hash("id-b")}
+    cache.release("id-b")
+    assert not cache.is_unloading("id-b") and cache.describe("id-b") is None
+    cache.release("id-c")
+    cache.release("id-c")

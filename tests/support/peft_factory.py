@@ -43,10 +43,34 @@ def make_peft_adapter(
     lora_A ~ N(0, 1/in_features), lora_B ~ N(0, b_std^2), drawn in parameter-name order from ``seed``.
     ``dtype`` casts the saved tensors (e.g. torch.bfloat16); default: the model's fp32.
     """
-    from peft import LoraConfig, get_peft_model
     from transformers import AutoModelForCausalLM
 
     model = AutoModelForCausalLM.from_pretrained(base_dir, dtype=torch.float32)
+    _write_adapter(model, Path(out_dir), rank=rank, alpha=alpha, target_modules=target_modules, use_rslora=use_rslora,
+                   layers_to_transform=layers_to_transform, modules_to_save=modules_to_save, use_dora=use_dora,
+                   bias=bias, seed=seed, b_std=b_std, dtype=dtype)
+    return Path(out_dir)
+
+
+def make_peft_adapters(base_dir: str | Path, out_root: str | Path, specs: dict[str, dict]) -> dict[str, Path]:
+    """Several adapters (``name -> make_peft_adapter options``) from one load of the base model: real models
+    take seconds to load. Returns ``name -> folder`` (``out_root / name``)."""
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(base_dir, dtype=torch.float32)
+    folders = {}
+    for name, options in specs.items():
+        folders[name] = Path(out_root) / name
+        model = _write_adapter(model, folders[name], **options)
+    return folders
+
+
+def _write_adapter(model, out_dir: Path, *, rank=8, alpha=16, target_modules=("q_proj", "v_proj"), use_rslora=False,
+                   layers_to_transform=None, modules_to_save=None, use_dora=False, bias="none", seed=0, b_std=0.02,
+                   dtype=None):
+    """Save one adapter of ``model`` (left as it was: the LoRA layers are taken out again) and return the model."""
+    from peft import LoraConfig, get_peft_model
+
     config = LoraConfig(
         r=rank, lora_alpha=alpha, use_rslora=use_rslora, lora_dropout=0.0, bias=bias, use_dora=use_dora,
         target_modules=target_modules if isinstance(target_modules, str) else list(target_modules),
@@ -54,11 +78,9 @@ def make_peft_adapter(
     )
     peft_model = get_peft_model(model, config)
     randomize_lora(peft_model, seed=seed, b_std=b_std)
-    if dtype is not None:
-        peft_model = peft_model.to(dtype)
-    out_dir = Path(out_dir)
-    peft_model.save_pretrained(out_dir, safe_serialization=True)
-    return out_dir
+    saved = peft_model.to(dtype) if dtype is not None else peft_model
+    saved.save_pretrained(out_dir, safe_serialization=True)
+    return peft_model.to(torch.float32).unload()
 
 
 @torch.no_grad()

@@ -1,0 +1,93 @@
+"""``AdapterAdmission``: the scheduler's view of adapters. Which waiting sequences may join the batch, in what order.
+
+Rules (issue 4, "Scheduler changes"):
+* a waiting sequence whose adapter is not loaded starts its load and is skipped; it never blocks those behind it;
+* at most ``max_loras`` distinct adapters run at once: every running sequence pins its adapter's slot, so a
+  sequence whose adapter has no slot and finds none free or evictable waits;
+* resident adapters first: sequences of the base model or of an adapter already in a slot are admitted before
+  those that need a slot (which may evict an adapter others in the queue are about to use), each group oldest
+  first;
+* bounded waiting: a sequence queued more than ``max_wait_steps`` steps ago is *overdue*; overdue sequences go
+  first, oldest first, and if the oldest overdue one is blocked for want of a slot, the pinned adapter with the
+  fewest running sequences is drained (no new sequence of it is admitted) until its slot can be given away.
+  Other adapters keep running meanwhile, so the batch stays full while one slot is being freed.
+"""
+
+from collections.abc import Iterable
+
+from engine.lora.slot_cache import AdapterId, AdapterSlotCache
+from engine.sequence import Sequence, adapter_content_key
+
+_OVERDUE, _READY, _NEEDS_SLOT = 0, 1, 2
+
+
+class AdapterAdmission:
+    def __init__(self, slot_cache: AdapterSlotCache, *, max_wait_steps: int):
+        self.slot_cache = slot_cache
+        self.max_wait_steps = max_wait_steps
+        self.drained: AdapterId | None = None  # the adapter whose slot is being freed for an overdue sequence
+
+    def order(self, waiting: Iterable[Sequence], step: int) -> list[Sequence]:
+        """The waiting sequences that may be admitted this step, in the order to try them; starts missing loads."""
+        self.drained = None
+        tiers: list[tuple[int, int, Sequence]] = []
+        states: dict[AdapterId, int | None] = {}  # adapter -> tier; None: not admissible now
+        for seq in waiting:
+            if seq.lora_request is None:
+                tier = _READY
+            else:
+                adapter_id = seq.lora_request.id
+                if adapter_id not in states:
+                    states[adapter_id] = self._tier_of(seq)
+                tier = states[adapter_id]
+                if tier is None:
+                    continue
+            if step - seq.arrival_step > self.max_wait_steps:
+                tier = _OVERDUE
+            tiers.append((tier, seq.arrival_index, seq))
+        tiers.sort(key=lambda item: item[:2])
+        return [seq for _, _, seq in tiers]
+
+    def _tier_of(self, seq: Sequence) -> int | None:
+        cache, request = self.slot_cache, seq.lora_request
+        if cache.is_unloading(request.id):
+            return None  # leaves its slot when its running sequences finish; loaded again after that
+        if cache.is_resident(request.id):
+            return _READY
+        if cache.is_loaded(request.id):
+            return _NEEDS_SLOT
+        cache.request_load(request)  # no-op while loading
+        return None
+
+    def may_admit(self, seq: Sequence, step: int) -> bool:
+        """Whether ``seq`` can get its adapter's slot now (always, for the base model)."""
+        if seq.lora_request is None:
+            return True
+        adapter_id = seq.lora_request.id
+        if adapter_id == self.drained:
+            return False
+        if self.slot_cache.can_acquire(adapter_id):
+            return True
+        if self.drained is None and step - seq.arrival_step > self.max_wait_steps:
+            pins = self.slot_cache.pin_counts()
+            if pins:  # the least used adapter frees its slot soonest
+                self.drained = min(pins, key=pins.__getitem__)
+        return False
+
+    def prepare(self, seq: Sequence) -> None:
+        """Key the sequence's prefix-cache blocks by the loaded weights' content hash (before any lookup)."""
+        if seq.lora_request is None:
+            return
+        key = adapter_content_key(self.slot_cache.content_hash(seq.lora_request.id))
+        if seq.cache_key != key:
+            seq.cache_key = key
+            seq.block_hashes = []  # computed under a provisional key; the sequence holds no blocks yet
+
+    def acquire(self, seq: Sequence) -> None:
+        if seq.lora_request is not None:
+            seq.lora_slot = self.slot_cache.acquire(seq.lora_request.id)
+
+    def release(self, seq: Sequence) -> None:
+        if seq.lora_slot >= 0:
+            self.slot_cache.release(seq.lora_request.id)
+            seq.lora_slot = -1

@@ -1,0 +1,165 @@
+"""Adapter-aware scheduling and the runtime adapter API, step by step on ``LLMEngine`` (tiny random Llama).
+
+A request whose adapter is loading never blocks others; a failed load fails every request waiting on it at once;
+resident adapters go first but a request passed over for too long gets a slot; pins follow admission, finish,
+abort and preemption; ``load_adapter`` / ``unload_adapter`` / ``list_adapters``.
+"""
+
+import threading
+
+import pytest
+
+from engine import SamplingParams
+from tests.lora.engine_support import GREEDY, PeftOracle, lora_request, make_adapters, make_llm, prompts_of_lengths
+from tests.support.tiny_llama import make_tiny_llama
+
+SPECS = {
+    "a": dict(rank=8, alpha=16, target_modules=["q_proj", "v_proj", "down_proj"]),
+    "b": dict(rank=4, alpha=4, target_modules=["k_proj", "o_proj", "gate_proj", "up_proj"]),
+}
+PROMPT = prompts_of_lengths([9])[0]
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory):
+    return make_tiny_llama(tmp_path_factory.mktemp("scheduling-model"))
+
+
+@pytest.fixture(scope="module")
+def adapters(model_dir, tmp_path_factory):
+    return make_adapters(model_dir, tmp_path_factory.mktemp("scheduling-adapters"), SPECS)
+
+
+@pytest.fixture(scope="module")
+def oracle(model_dir, adapters):
+    return PeftOracle(model_dir, adapters)
+
+
+def params(max_tokens: int) -> SamplingParams:
+    return SamplingParams(temperature=0, max_tokens=max_tokens, ignore_eos=True)
+
+
+def drain(engine, limit: int = 500) -> dict:
+    """Step until idle; the final output of every request."""
+    finals = {}
+    for _ in range(limit):
+        if not engine.has_unfinished_requests():
+            return finals
+        finals.update({o.request_id: o for o in engine.step() if o.finished})
+    raise AssertionError("the engine did not finish")
+
+
+def state(engine, request_id: str) -> str:
+    return engine.requests[request_id].seqs[0].status.value if request_id in engine.requests else "done"
+
+
+def wait_loaded(engine, future):
+    for _ in range(1000):
+        engine.step()
+        if future.done():
+            return future.result()
+    raise AssertionError("the load did not finish")
+
+
+def test_a_request_waiting_for_its_adapter_load_does_not_block_others(model_dir, adapters, oracle):
+    engine = make_llm(model_dir).llm_engine
+    gate = threading.Event()
+    load = engine.adapters.loader.load
+    engine.adapters.loader.load = lambda request: (gate.wait(30), load(request))[1]
+    engine.add_request("lora", PROMPT, GREEDY, lora_request=lora_request("a", adapters["a"]))
+    engine.add_request("base", PROMPT, GREEDY)
+    finals = {}
+    for _ in range(GREEDY.max_tokens + 2):
+        finals.update({o.request_id: o for o in engine.step() if o.finished})
+    assert "base" in finals and state(engine, "lora") == "waiting"
+    assert engine.stats()["adapter_loads"]["loading"] == 1 and engine.has_pending_loads()
+    gate.set()
+    finals.update(drain(engine))
+    assert finals["base"].outputs[0].token_ids == oracle.greedy(None, PROMPT)
+    assert finals["lora"].outputs[0].token_ids == oracle.greedy("a", PROMPT)
+
+
+def test_a_failed_load_fails_every_request_waiting_on_it_in_one_step(model_dir, adapters, tmp_path):
+    engine = make_llm(model_dir).llm_engine
+    missing = lora_request("gone", tmp_path / "gone")
+    for i in range(3):
+        engine.add_request(f"gone-{i}", PROMPT, GREEDY, lora_request=missing)
+    engine.add_request("base", PROMPT, GREEDY)
+    failed = []
+    while not failed:
+        failed = [o for o in engine.step() if o.error is not None]
+    assert sorted(o.request_id for o in failed) == ["gone-0", "gone-1", "gone-2"]
+    assert all(o.finished and o.error.code == "not_found" and o.outputs[0].finish_reason == "error" for o in failed)
+    assert list(engine.requests) == ["base"] and "base" in drain(engine)
+
+
+def test_resident_adapters_go_first_until_a_passed_over_request_is_due(model_dir, adapters, oracle):
+    engine = make_llm(model_dir, max_loras=1, max_adapter_wait_steps=3).llm_engine
+    a, b = lora_request("a", adapters["a"]), lora_request("b", adapters["b"])
+    for request in (a, b):
+        wait_loaded(engine, engine.load_adapter(request))
+    engine.add_request("a1", PROMPT, params(8), lora_request=a)
+    engine.step()
+    engine.add_request("b1", PROMPT, params(3), lora_request=b)
+    engine.add_request("a2", PROMPT, params(6), lora_request=a)
+    engine.step()
+    assert (state(engine, "a2"), state(engine, "b1")) == ("running", "waiting")  # younger, but its slot is there
+    for _ in range(3):
+        engine.step()
+    engine.add_request("a3", PROMPT, params(2), lora_request=a)  # b1 is due: a is drained, a3 waits
+    order, running = [], {"a1", "a2"}
+    while engine.has_unfinished_requests():
+        finished = {o.request_id for o in engine.step() if o.finished}
+        now = {rid for rid in ("a1", "a2", "a3", "b1") if state(engine, rid) == "running"}
+        order += sorted(now - running)
+        running = now - finished
+        adapters_running = {s.lora_request.id for s in engine.scheduler.running}
+        assert len(adapters_running) <= 1
+    assert order == ["b1", "a3"]
+    assert engine.stats()["adapters"]["evictions"] == 2  # a -> b -> a
+
+
+def test_pins_follow_admission_abort_and_preemption(model_dir, adapters, oracle):
+    engine = make_llm(model_dir, num_kv_blocks=14, max_loras=2).llm_engine  # 14 blocks of 4: preemption
+    requests = {"a": lora_request("a", adapters["a"]), "b": lora_request("b", adapters["b"])}
+    names = ["a", "b", None, "a"]
+    for i, name in enumerate(names):
+        engine.add_request(f"r{i}", PROMPT, params(16), lora_request=requests.get(name))
+    engine.add_request("aborted", PROMPT, params(16), lora_request=requests["b"])
+    while state(engine, "aborted") != "running":
+        engine.step()
+    pinned = {r["id"]: r["pinned_by"] for r in engine.stats()["adapters"]["resident"]}
+    engine.abort_request("aborted")
+    after = {r["id"]: r["pinned_by"] for r in engine.stats()["adapters"]["resident"]}
+    assert after["id-b"] == pinned["id-b"] - 1
+    finals = drain(engine)
+    assert engine.stats()["preemptions"] > 0  # the scheduler's invariant check compared pins every step
+    for i, name in enumerate(names):
+        assert finals[f"r{i}"].outputs[0].token_ids == oracle.greedy(name, PROMPT, 16)
+    assert all(r["pinned_by"] == 0 for r in engine.stats()["adapters"]["resident"])
+
+
+def test_runtime_load_list_and_unload(model_dir, adapters, oracle, tmp_path):
+    engine = make_llm(model_dir).llm_engine
+    info = wait_loaded(engine, engine.load_adapter(lora_request("a", adapters["a"])))
+    assert (info["id"], info["rank"], info["slot"], info["in_host_tier"]) == ("id-a", 8, None, True)
+    assert info["target_modules"] == ["q_proj", "v_proj", "down_proj"] and info["scaling"] == 2.0
+    assert [a["id"] for a in engine.list_adapters()] == ["id-a"]
+    bad = engine.load_adapter(lora_request("bad", tmp_path))  # no adapter files there
+    with pytest.raises(Exception) as refused:
+        wait_loaded(engine, bad)
+    assert refused.value.code == "missing_config"
+    engine.add_request("using", PROMPT, params(10), lora_request=lora_request("a", adapters["a"]))
+    engine.step()
+    assert engine.unload_adapter("id-a") == {"id": "id-a", "known": True, "unloaded": False}  # in use
+    assert [a["id"] for a in engine.list_adapters()] == ["id-a"]  # keeps its slot until the request ends
+    final = drain(engine)["using"]
+    assert final.outputs[0].token_ids == oracle.greedy("a", PROMPT, 10) and engine.list_adapters() == []
+    assert engine.unload_adapter("id-a")["known"] is False
+    again = drain_one(engine, lora_request("a", adapters["a"]))  # loaded again from its source
+    assert again == oracle.greedy("a", PROMPT) and engine.stats()["adapter_loads"]["loads"] == 2
+
+
+def drain_one(engine, request) -> list[int]:
+    engine.add_request("again", PROMPT, GREEDY, lora_request=request)
+    return drain(engine)["again"].outputs[0].token_ids
