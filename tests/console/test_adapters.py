@@ -83,7 +83,7 @@ def test_the_detail_page_shows_the_serving_config_and_every_version(cast, client
 
 def test_a_failed_version_shows_its_reason_plainly(cast, client_as, catalog):
     html = client_as("teammate").get(detail_url(cast, "chat")).content.decode()
-    assert ("<strong>Version 1 failed validation:</strong> Lora_B of layers.1.self_attn.q_proj has shape [32, 8], "
+    assert ("<strong>Version 1 failed validation:</strong> lora_B of layers.1.self_attn.q_proj has shape [32, 8], "
             "expected [64, 8]") in html
     assert "shape_mismatch" in html and "no version is ready" in html
     assert "hx-trigger" not in html

@@ -222,7 +222,7 @@
     var name = this.existing || this.nameField.value.trim();
     var base = this.api + encodeURIComponent(name) + "/";
     var files = this.files, created = false, uploadId = null, self = this;
-    var total = files.reduce(function (sum, f) { return sum + f.size; }, 0);
+    var total = this.total = files.reduce(function (sum, f) { return sum + f.size; }, 0);
     this.busy(true);
     try {
       if (!this.existing) {
@@ -271,7 +271,7 @@
 
   Uploader.prototype.finished = function (name, version) {
     var message = "Version " + version.version + " of \u201c" + name + "\u201d is uploaded; checking it now.";
-    this.showProgress(1, 1);
+    this.showProgress(this.total, this.total);
     if (!this.existing) {  // the new adapter's page follows the check
       this.say(message + " Opening its page\u2026");
       window.location.assign(this.pages + encodeURIComponent(name) + "/");
