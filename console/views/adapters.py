@@ -40,11 +40,12 @@ def quota_usage(access: TenantAccess) -> dict:
     }
 
 
-def upload_settings(access: TenantAccess, usage: dict) -> dict | None:
+def upload_settings(access: TenantAccess, usage: dict | None = None) -> dict | None:
     """What upload.js needs (None for those who may not upload): the registry API and the limits it enforces,
     so a file that cannot fit is refused before anything is created."""
     if not access.can_manage:
         return None
+    usage = usage or quota_usage(access)
     return {
         "api": reverse("adapters-api:adapters", args=[access.tenant.slug]),
         "pages": reverse("console:tenant-adapters", args=[access.tenant.slug]),
@@ -86,7 +87,7 @@ def adapter_detail(request, slug: str, name: str):
         "newest": newest,
         # What `name` resolves to: the newest ready version (versions come newest first).
         "serving": next((v for v in versions if v.status == AdapterVersion.Status.READY), None),
-        "upload": upload_settings(access, quota_usage(access)),
+        "upload": upload_settings(access),
         "poll_s": POLL_S if any(v.status in UNFINISHED for v in versions) else None,
         "base_model": settings.BASE_MODEL_NAME,
     }

@@ -14,7 +14,8 @@ from pathlib import Path
 import pytest
 from playwright.sync_api import Page, expect
 
-from adapters.models import AdapterVersion
+from adapters.models import Adapter, AdapterVersion
+from gateway.replicas import rendezvous_score
 from tenants import services
 from tenants.models import Role, UsageRecord
 from tests.adapters.stack_client import Caller
@@ -159,6 +160,16 @@ def test_admin_uploads_by_drag_and_drop_watches_validation_and_deletes(chromium,
     page.get_by_role("button", name="Upload adapter").click()
     expect(page.locator("#adapter-name-error")).to_contain_text("exists")
     expect(page.get_by_label("Name")).to_have_attribute("aria-invalid", "true")
+    # The storage quota shrinks after the page was drawn: the registry refuses the upload, and the adapter
+    # created for it is deleted again, so nothing half-made is left.
+    stored = sum(v.size_bytes for v in AdapterVersion.objects.filter(adapter__tenant=lab.tenant, status="ready",
+                                                                      deleted_at__isnull=True))
+    services.quota_set(tenant=lab.tenant, changes={"max_adapter_storage_bytes": stored + 100})
+    page.get_by_label("Name").fill("faq-bot")
+    page.get_by_role("button", name="Upload adapter").click()
+    expect(page.locator("[data-upload-status]")).to_contain_text("Upload failed: The upload is")
+    expect(page.locator("[data-upload-status]")).to_contain_text("of adapter storage are left")
+    assert not Adapter.objects.filter(tenant=lab.tenant, name="faq-bot", deleted_at__isnull=True).exists()
 
     page.get_by_role("link", name="support-bot").click()
     page.once("dialog", lambda dialog: dialog.accept())
@@ -241,8 +252,12 @@ def test_playground_streams_answers_billed_to_the_tenant_and_operators_see_the_e
     sign_in(operator, lab.base_url, lab.operator.email)
     operator.get_by_role("navigation", name="Main").get_by_role("link", name="Engine status").click()
     expect(operator.locator('[data-testid="replica"][data-state="up"]')).to_have_count(len(stack.engine_urls))
-    in_slot = operator.get_by_role("row", name=re.compile(r"^slot \d+ Acme Robotics support-bot v1 "))
-    expect(in_slot).to_have_count(1)  # on the replica that served it, named for operators
+    # The gateway sent it to its rendezvous replica, which holds it in a slot (the replica that warm-loaded it
+    # may hold it too); operators see it named by tenant and adapter.
+    engine_id = AdapterVersion.objects.get(adapter__tenant=lab.tenant, adapter__name="support-bot").engine_id
+    home = max(stack.engine_urls, key=lambda url: rendezvous_score(engine_id, url))
+    served_by = operator.locator('[data-testid="replica"]', has_text=home)
+    expect(served_by.get_by_role("row", name=re.compile(r"^slot \d+ Acme Robotics support-bot v1 "))).to_have_count(1)
     assert_accessible(operator)
     save_screenshot(operator, "engine-status", full_page=True)
     operator.context.close()
