@@ -10,7 +10,8 @@ so that the machine's background load hits both alike:
 
 * time to first token (request sent -> first chunk carrying a generated token) at concurrency 1 and 4: the
   gateway's added p50 and p99 (gateway percentile minus direct percentile);
-* the gateway process's CPU (user + system from /proc) per request over all its requests;
+* the gateway process's CPU (user + system from /proc) per request over all its requests, and split into a
+  fixed part per request and a part per streamed token (sequential streams of 1 and of 64 tokens);
 * generated tokens per second at 16 concurrent streams, and the gateway's loss against direct.
 
 Targets (issue 9): under 10 ms added p50 TTFT, under 10% throughput loss. Results go to
@@ -109,6 +110,19 @@ def measure(stack: BenchStack, args) -> dict:
     return summarize(samples, gateway_cpu, gateway_requests, engine_cpu)
 
 
+def gateway_cpu_split(stack: BenchStack, num_requests: int) -> dict:
+    """The gateway's CPU per request (fixed) and per relayed token: sequential streams of 1 and of 64 tokens."""
+    per_request = {}
+    for max_tokens in (1, 64):
+        before = stack.gateway_cpu_s()
+        asyncio.run(run_block(stack.web_url, stack.key, concurrency=1, num_requests=num_requests,
+                              max_tokens=max_tokens))
+        per_request[max_tokens] = (stack.gateway_cpu_s() - before) * 1000 / num_requests
+    per_token = (per_request[64] - per_request[1]) / 63
+    return {"cpu_ms_per_request_of_1_token": per_request[1], "cpu_ms_per_request_of_64_tokens": per_request[64],
+            "cpu_ms_per_token": per_token, "cpu_ms_per_request_fixed": per_request[1] - per_token}
+
+
 def summarize(samples: dict, gateway_cpu: float, gateway_requests: int, engine_cpu: dict) -> dict:
     report = {"gateway_cpu_ms_per_request": gateway_cpu * 1000 / gateway_requests,
               "engine_cpu_s": engine_cpu, "blocks": {}}
@@ -143,6 +157,7 @@ def main(argv=None) -> int:
         for url, key in ((stack.engine_url, stack.engine_key), (stack.web_url, stack.key)):  # warm both paths
             asyncio.run(run_block(url, key, concurrency=4, num_requests=16, max_tokens=8))
         report = measure(stack, args)
+        report["gateway_cpu_split"] = gateway_cpu_split(stack, args.requests_c1)
     report.update(machine={"cpus": os.cpu_count(), "python": platform.python_version()},
                   settings={k: v for k, v in vars(args).items() if k != "model"}, database=stack.database)
     RESULTS.mkdir(parents=True, exist_ok=True)
@@ -164,7 +179,9 @@ def print_verdict(report: dict, path: Path) -> None:
     print(f"throughput at 16 streams: direct {blocks['throughput_c16']['direct']['tokens_per_s']:.0f} tok/s, gateway "
           f"{blocks['throughput_c16']['gateway']['tokens_per_s']:.0f} tok/s: loss {loss * 100:.1f}% "
           f"(target < {TARGET_THROUGHPUT_LOSS * 100:.0f}%)")
-    print(f"gateway CPU per request: {report['gateway_cpu_ms_per_request']:.2f} ms")
+    split = report["gateway_cpu_split"]
+    print(f"gateway CPU per request: {report['gateway_cpu_ms_per_request']:.2f} ms over the whole run; "
+          f"{split['cpu_ms_per_request_fixed']:.2f} ms fixed + {split['cpu_ms_per_token']:.3f} ms per streamed token")
 
 
 if __name__ == "__main__":

@@ -7,6 +7,7 @@ workload, so the limiter is exercised on every request but never refuses.
 
 import contextlib
 import os
+import secrets
 import subprocess
 import sys
 from dataclasses import dataclass
@@ -88,7 +89,11 @@ def start_bench_stack(scratch: Path, model: str | None):
     engine_port, web_port = free_port(), free_port()
     engine_url = f"http://127.0.0.1:{engine_port}"
     database = _database(scratch)
-    env = {"DEBUG": "true", "DJANGO_SETTINGS_MODULE": "config.settings", "DATABASE_URL": database,
+    # Production settings (DEBUG off: no query log, no static files handler), plain HTTP on loopback.
+    env = {"DEBUG": "false", "SECRET_KEY": secrets.token_urlsafe(50), "ALLOWED_HOSTS": "127.0.0.1",
+           "SECURE_SSL_REDIRECT": "false", "AWS_ACCESS_KEY_ID": "bench", "AWS_SECRET_ACCESS_KEY": "bench-secret",
+           "STATIC_ROOT": str(scratch / "static"), "DJANGO_SETTINGS_MODULE": "config.settings",
+           "DATABASE_URL": database,
            "REDIS_URL": _redis(), "ENGINE_URLS": engine_url, "ENGINE_API_KEY": ENGINE_KEY,
            "BASE_MODEL_NAME": SERVED_NAME, "BASE_MODEL_CONFIG": str(model_dir / "config.json"),
            "ADAPTER_WARM_LOAD": "false", "LOG_LEVEL": "WARNING", "PYTHONUNBUFFERED": "1"}

@@ -36,6 +36,7 @@ class Relay:
         self._first_token_seen = False
         self._started = False
         self._closed = False
+        self._start_timer: asyncio.TimerHandle | None = None
         replica.in_flight += 1  # its load estimate, until this request ends
         metrics.streams_open.inc()
 
@@ -43,7 +44,7 @@ class Relay:
         """End the request if the stream is not being read within ``deadline_s``: a client that disconnects
         after the view returned but before the server began sending never starts :meth:`events`, whose
         cleanup would then never run."""
-        asyncio.get_running_loop().call_later(deadline_s, self._abandon_unstarted)
+        self._start_timer = asyncio.get_running_loop().call_later(deadline_s, self._abandon_unstarted)
 
     def _abandon_unstarted(self) -> None:
         if not self._started and not self._closed:
@@ -53,13 +54,15 @@ class Relay:
         await self._close()
         await self.meter.finish(CANCELLED)
 
-    async def _chunks(self) -> AsyncIterator[dict]:
-        """The engine's chunks up to ``[DONE]``; GatewayError when the engine fails or times out first."""
+    async def _batches(self) -> AsyncIterator[list[dict]]:
+        """The engine's chunks up to ``[DONE]``, as many at a time as one network read brought (several when the
+        gateway fell behind: they then go out in one write); GatewayError when the engine fails or times out."""
         done, pending = False, b""
         try:
             # Raw bytes split here: httpx's aiter_lines stacks three more async generators on every chunk.
             async for data in self.response.aiter_raw():
                 *lines, pending = (pending + data).split(b"\n")
+                batch = []
                 for line in lines:
                     if done or not line.startswith(b"data: "):
                         continue  # after [DONE]: read to the body's end, so the connection is reused
@@ -68,8 +71,12 @@ class Relay:
                         continue
                     chunk = json.loads(line[6:])
                     if "error" in chunk:
+                        if batch:
+                            yield batch
                         raise _engine_stream_error(chunk["error"])
-                    yield chunk
+                    batch.append(chunk)
+                if batch:
+                    yield batch
             if done:
                 return
         except httpx.TimeoutException:
@@ -105,16 +112,22 @@ class Relay:
     async def events(self) -> AsyncIterator[bytes]:
         """The client's SSE stream."""
         self._started = True
+        if self._start_timer is not None:
+            self._start_timer.cancel()
         if self._closed:  # abandoned: nobody read it in time
             return
         status, failure = ERROR, None
         try:
             try:
-                async for chunk in self._chunks():
-                    self._note(chunk)  # counted as relayed: it is handed to the server right below
-                    event = self._client_chunk(chunk)
-                    if event is not None:
-                        yield event
+                async for batch in self._batches():
+                    events = []
+                    for chunk in batch:
+                        self._note(chunk)  # counted as relayed: it is handed to the server right below
+                        event = self._client_chunk(chunk)
+                        if event is not None:
+                            events.append(event)
+                    if events:
+                        yield b"".join(events)
             except GatewayError as exc:
                 failure = exc
             except (asyncio.CancelledError, GeneratorExit):  # the client went away
@@ -135,12 +148,13 @@ class Relay:
         choices: dict[int, dict] = {}
         created, status = int(time.time()), ERROR
         try:
-            async for chunk in self._chunks():
-                self._note(chunk)
-                created = chunk.get("created", created)
-                for delta in chunk.get("choices") or ():
-                    _merge_choice(choices.setdefault(delta["index"], {"text": [], "finish_reason": None,
-                                                                      "logprobs": None}), delta)
+            async for batch in self._batches():
+                for chunk in batch:
+                    self._note(chunk)
+                    created = chunk.get("created", created)
+                    for delta in chunk.get("choices") or ():
+                        _merge_choice(choices.setdefault(delta["index"], {"text": [], "finish_reason": None,
+                                                                          "logprobs": None}), delta)
             status = OK
         except asyncio.CancelledError:
             status = CANCELLED

@@ -74,7 +74,8 @@ class AdapterManager:
         except AdapterError as exc:
             future.set_exception(exc)
             return future
-        if self.slot_cache.is_loaded(request.id) and not self.slot_cache.is_unloading(request.id):
+        self.slot_cache.keep(request.id)  # loading an adapter that is being unloaded keeps it
+        if self.slot_cache.is_loaded(request.id):
             future.set_result(self.slot_cache.describe(request.id))
             return future
         self._waiters.setdefault(request.id, []).append((request, future))

@@ -259,6 +259,15 @@ class AdapterSlotCache:
             self._doomed.add(adapter_id)
             return False
 
+    def keep(self, adapter_id: AdapterId) -> bool:
+        """Cancel a pending unload (the adapter is wanted again while its last users still run); True if one was
+        pending. Its slot still holds the same version: an id names immutable weights."""
+        with self._lock:
+            if adapter_id not in self._doomed:
+                return False
+            self._doomed.discard(adapter_id)
+            return True
+
     def _take_slot(self) -> int:
         if None in self._slots:
             return self._slots.index(None)

@@ -31,8 +31,9 @@ def gateway_with_a_spare_engine(stack, tmp_path):
     env = {**stack.env, "ENGINE_URLS": f"{stack.engine_urls[0]},{spare_url}", "GATEWAY_HEALTH_TTL_MS": "200"}
     group = ProcessGroup(log_dir=tmp_path / "logs", env=env)
     try:
-        argv = [*engine_argv(model_dir, tmp_path / "logs", stack.s3.bucket), "--port", str(engine_port)]
-        spare = group.start("spare-engine", argv, port=engine_port, wait_s=180, extra_env={"KERNELS_BACKEND": ""})
+        spare = group.start("spare-engine", [*engine_argv(model_dir, tmp_path / "logs", stack.s3.bucket), "--port",
+                                             str(engine_port)],
+                            port=engine_port, wait_s=180, extra_env={"KERNELS_BACKEND": ""})
         group.start("gateway", python("-m", "uvicorn", "config.asgi:application", "--host", "127.0.0.1", "--port",
                                       str(web_port), "--lifespan", "off", "--no-access-log"), port=web_port)
         yield f"http://127.0.0.1:{web_port}", spare, spare_url

@@ -6,6 +6,7 @@ import json
 
 import httpx
 
+from gateway.errors import GatewayError
 from gateway.parsing import parse_request
 from gateway.relay import Relay
 from gateway.replicas import Replica
@@ -191,3 +192,42 @@ def test_a_non_streaming_answer_is_collected_from_the_stream():
                                 "logprobs": lp, "finish_reason": "stop"}]
     assert body["usage"] == {"prompt_tokens": 5, "completion_tokens": 2, "total_tokens": 7}
     assert finishes == [("ok", 5, 2)]
+
+
+def test_chunks_that_arrive_together_go_out_together_and_lines_split_across_reads_are_joined():
+    together = engine_chunk("a", 1) + engine_chunk("b", 2) + engine_chunk("c", 3)
+    split = engine_chunk("d", 4, finish="length")
+    parts = [together, split[:20], split[20:], DONE]
+
+    async def scenario():
+        relay, meter, _, _, _ = await open_relay(parts, stream=True)
+        return await drain(relay), meter.finishes
+
+    events, finishes = asyncio.run(scenario())
+    assert len(events) == 3  # one write for the three that came in one read, one for "d", one for [DONE]
+    texts = [json.loads(e[6:])["choices"][0]["text"] for e in events[0].split(b"\n\n") if e]
+    assert texts == ["a", "b", "c"] and json.loads(events[1][6:])["choices"][0]["text"] == "d"
+    assert finishes == [("ok", 5, 4)]
+
+
+def test_an_engine_that_falls_silent_ends_the_stream_with_a_timeout_error():
+    async def scenario():
+        relay, meter, _, _, _ = await open_relay([engine_chunk("a", 1), httpx.ReadTimeout("silent")], stream=True)
+        return sse_bodies(await drain(relay)), meter.finishes
+
+    bodies, finishes = asyncio.run(scenario())
+    assert bodies[-2]["error"]["code"] == "engine_timeout" and bodies[-1] == "[DONE]"
+    assert finishes == [("error", 5, 1)]
+
+
+def test_a_non_streaming_request_whose_engine_fails_is_an_error_metered_for_its_tokens():
+    async def scenario():
+        relay, meter, _, _, _ = await open_relay([engine_chunk("a", 1), engine_chunk("b", 2),
+                                                  httpx.RemoteProtocolError("peer closed")])
+        try:
+            await relay.collect()
+        except GatewayError as exc:
+            return exc, meter.finishes
+
+    error, finishes = asyncio.run(scenario())
+    assert (error.status, error.code) == (502, "engine_failed") and finishes == [("error", 5, 2)]

@@ -163,3 +163,16 @@ def test_runtime_load_list_and_unload(model_dir, adapters, oracle, tmp_path):
 def drain_one(engine, request) -> list[int]:
     engine.add_request("again", PROMPT, GREEDY, lora_request=request)
     return drain(engine)["again"].outputs[0].token_ids
+
+
+def test_loading_an_adapter_being_unloaded_keeps_it(model_dir, adapters):
+    engine = make_llm(model_dir).llm_engine
+    request = lora_request("b", adapters["b"])
+    engine.add_request("using", PROMPT, params(6), lora_request=request)
+    while state(engine, "using") != "running":
+        engine.step()
+    assert engine.unload_adapter("id-b")["unloaded"] is False
+    again = engine.load_adapter(request)
+    assert again.done() and again.result()["slot"] == 0  # answered at once: its slot still holds it
+    drain(engine)
+    assert [a["id"] for a in engine.list_adapters()] == ["id-b"] and not engine.has_pending_loads()

@@ -275,5 +275,8 @@ def test_what_the_scheduler_and_the_admin_api_ask(make_cache, adapter_root):
                                       "sha256": cache.content_hash("id-b")}
     cache.release("id-b")
     assert not cache.is_unloading("id-b") and cache.describe("id-b") is None
+    assert cache.unload("id-c") is False and cache.keep("id-c") is True  # wanted again before its users finished
+    assert cache.is_resident("id-c") and not cache.keep("id-c")
     cache.release("id-c")
     cache.release("id-c")
+    assert cache.slot_of("id-c") == 0
