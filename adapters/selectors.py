@@ -7,7 +7,7 @@ to the :class:`ServableAdapter` an engine request needs, or None when nothing re
 from dataclasses import dataclass
 from datetime import datetime
 
-from django.db.models import Count, Max, Q, QuerySet, Sum
+from django.db.models import Count, Max, OuterRef, Q, QuerySet, Subquery, Sum
 from django.db.models.functions import Coalesce
 from django.utils import timezone
 
@@ -52,6 +52,19 @@ def adapter_list(*, tenant: Tenant) -> QuerySet[Adapter]:
         .annotate(latest_version=Max("versions__number", filter=live_versions & Q(versions__status=READY)),
                   num_versions=Count("versions", filter=live_versions))
         .order_by("name", "id")
+    )
+
+
+def adapter_overview_list(*, tenant: Tenant) -> QuerySet[Adapter]:
+    """:func:`adapter_list` plus what a listing shows: the newest live version's `newest_number` and
+    `newest_status` (None without versions) and `stored_bytes` (what its versions are charged, as
+    :func:`adapter_storage_used` counts them)."""
+    newest = AdapterVersion.objects.filter(adapter=OuterRef("pk"), deleted_at__isnull=True).order_by("-number")
+    charged = Q(versions__deleted_at__isnull=True) & ~Q(versions__status=AdapterVersion.Status.FAILED)
+    return adapter_list(tenant=tenant).annotate(
+        newest_number=Subquery(newest.values("number")[:1]),
+        newest_status=Subquery(newest.values("status")[:1]),
+        stored_bytes=Coalesce(Sum(Coalesce("versions__size_bytes", "versions__upload_bytes"), filter=charged), 0),
     )
 
 
@@ -128,3 +141,10 @@ async def adapter_ready_list_async(*, tenant_id: int) -> list[ReadyAdapter]:
 async def adapter_resolve_async(*, tenant_id: int, ref: str) -> ServableAdapter | None:
     """:func:`adapter_resolve` for async code (the gateway)."""
     return _as_servable(await _servable(tenant_id, ref).afirst())
+
+
+def adapter_versions_by_engine_id(*, engine_ids: list[str]) -> dict[str, AdapterVersion]:
+    """Operators only (every tenant): engine id -> its version, with adapter and tenant, deleted ones included
+    (an engine may still hold a version deleted a moment ago). Ids no version has are left out."""
+    versions = AdapterVersion.objects.filter(engine_id__in=set(engine_ids)).select_related("adapter__tenant")
+    return {version.engine_id: version for version in versions}

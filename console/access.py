@@ -3,6 +3,7 @@ a teammate asking to change what only admins change. Operators (staff) reach eve
 
 from dataclasses import dataclass
 from functools import wraps
+from inspect import iscoroutinefunction
 
 from django.contrib.auth.decorators import login_required
 from django.core.exceptions import PermissionDenied
@@ -39,7 +40,17 @@ def access_tenant(request, slug: str, *, manage: bool = False) -> TenantAccess:
 
 
 def operator_required(view):
-    """Signed in and staff; anyone else gets the 404 an unknown page gets."""
+    """Signed in and staff; anyone else gets the 404 an unknown page gets. Sync and async views alike."""
+    if iscoroutinefunction(view):
+
+        @login_required
+        @wraps(view)
+        async def wrapped_async(request, *args, **kwargs):
+            if not (await request.auser()).is_staff:
+                raise Http404("No such page.")
+            return await view(request, *args, **kwargs)
+
+        return wrapped_async
 
     @login_required
     @wraps(view)

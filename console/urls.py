@@ -3,7 +3,7 @@
 from django.contrib.auth import views as auth_views
 from django.urls import path, reverse_lazy
 
-from console.views import home, keys, members, operator, overview, placeholders, usage
+from console.views import adapters, engines, home, keys, members, operator, overview, playground, usage
 
 app_name = "console"
 
@@ -31,11 +31,15 @@ urlpatterns = [
     path(T + "members/<int:pk>/role/", members.set_role, name="tenant-member-role"),
     path(T + "members/<int:pk>/remove/", members.remove, name="tenant-member-remove"),
     path(T + "invitations/<int:pk>/revoke/", members.revoke_invitation, name="tenant-invitation-revoke"),
-    path(T + "adapters/", placeholders.adapters, name="tenant-adapters"),
-    path(T + "playground/", placeholders.playground, name="tenant-playground"),
+    path(T + "adapters/", adapters.adapter_list, name="tenant-adapters"),
+    path(T + "adapters/<str:name>/", adapters.adapter_detail, name="tenant-adapter"),
+    path(T + "adapters/<str:name>/delete/", adapters.adapter_delete, name="tenant-adapter-delete"),
+    path(T + "adapters/<str:name>/versions/<int:number>/delete/", adapters.version_delete,
+         name="tenant-adapter-version-delete"),
+    path(T + "playground/", playground.playground, name="tenant-playground"),
     path("operator/tenants/", operator.tenants, name="operator-tenants"),
     path("operator/tenants/<slug:slug>/status/", operator.set_status, name="operator-tenant-status"),
     path("operator/tenants/<slug:slug>/quota/", operator.quota, name="operator-quota"),
     path("operator/usage/", operator.platform_usage, name="operator-usage"),
-    path("operator/engines/", placeholders.engines, name="operator-engines"),
+    path("operator/engines/", engines.engines, name="operator-engines"),
 ]

@@ -6,7 +6,7 @@ import random
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
-from playwright.sync_api import Page
+from playwright.sync_api import Browser, Page
 
 from devstack.services import ROOT, state_dir
 from tenants import services, usage_days
@@ -32,6 +32,12 @@ def save_screenshot(page: Page, name: str, *, full_page: bool = False) -> Path:
     path = screenshot_dir() / f"{name}.png"
     page.screenshot(path=path, animations="disabled", caret="hide", full_page=full_page)
     return path
+
+
+def new_page(browser: Browser, base_url: str) -> Page:
+    context = browser.new_context(viewport=VIEWPORT, base_url=base_url)
+    context.grant_permissions(["clipboard-read", "clipboard-write"], origin=base_url)
+    return context.new_page()
 
 
 def sign_in(page: Page, base_url: str, email: str, password: str = PASSWORD) -> None:

@@ -1,7 +1,11 @@
 """Fixtures of the console tests: the tenants tests' cast (owner, teammate, outsider, operator) with Django's test
-client signed in as each of them."""
+client signed in as each of them; for the browser tests, Chromium (Playwright) and fresh quota counters."""
+
+import os
 
 import pytest
+import redis
+from django.conf import settings
 from django.test import Client
 
 from tests.tenants.conftest import Cast, cast  # noqa: F401  (the cast fixture, shared)
@@ -22,3 +26,40 @@ def client_as(cast: Cast):  # noqa: F811
         return client
 
     return make
+
+
+@pytest.fixture(scope="module")
+def chromium(stack):
+    """Debian's Chromium through Playwright, headless, for one test module."""
+    from playwright.sync_api import sync_playwright
+
+    from tests.console.browser import CHROMIUM, CHROMIUM_ARGS
+
+    # Playwright's sync API keeps an event loop in this thread; the ORM calls of these tests are still plain
+    # synchronous calls, one at a time, so Django's guard against ORM use inside a running loop is lifted here.
+    previous = os.environ.get("DJANGO_ALLOW_ASYNC_UNSAFE")
+    os.environ["DJANGO_ALLOW_ASYNC_UNSAFE"] = "true"
+    try:
+        with sync_playwright() as playwright:
+            browser = playwright.chromium.launch(executable_path=CHROMIUM, headless=True, args=CHROMIUM_ARGS)
+            yield browser
+            browser.close()
+    finally:
+        if previous is None:
+            os.environ.pop("DJANGO_ALLOW_ASYNC_UNSAFE", None)
+        else:
+            os.environ["DJANGO_ALLOW_ASYNC_UNSAFE"] = previous
+
+
+@pytest.fixture
+def fresh_quota_counters():
+    """Drop the limiter's counters left in Redis by earlier test sessions (a new test database numbers tenants
+    from 1 again, so a tenant would inherit an old one's month). Only the quota keys: the stack's Celery worker
+    uses the same Redis database as its broker."""
+    client = redis.Redis.from_url(settings.REDIS_URL)
+    try:
+        stale = list(client.scan_iter(match="quota:*", count=1000))
+        if stale:
+            client.delete(*stale)
+    finally:
+        client.close()

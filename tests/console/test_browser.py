@@ -2,21 +2,18 @@
 a tenant admin, a teammate, an operator and an outsider, each doing what they came for. Every page visited is
 checked with axe-core (WCAG 2.1 A/AA); the main pages are saved as screenshots (tests/console/browser.py)."""
 
-import os
 import re
 from dataclasses import dataclass
 
 import httpx
 import pytest
-from playwright.sync_api import Browser, expect, sync_playwright
+from playwright.sync_api import expect
 
 from tenants import services
 from tenants.models import Role
 from tests.console.browser import (
-    CHROMIUM,
-    CHROMIUM_ARGS,
-    VIEWPORT,
     assert_accessible,
+    new_page,
     save_screenshot,
     seed_usage,
     sign_in,
@@ -25,24 +22,6 @@ from tests.console.browser import (
 from tests.tenants.factories import MembershipFactory, UserFactory
 
 pytestmark = [pytest.mark.stack, pytest.mark.slow]
-
-
-@pytest.fixture(scope="module")
-def chromium(stack):
-    # Playwright's sync API keeps an event loop in this thread; the ORM calls of these tests are still plain
-    # synchronous calls, one at a time, so Django's guard against ORM use inside a running loop is lifted here.
-    previous = os.environ.get("DJANGO_ALLOW_ASYNC_UNSAFE")
-    os.environ["DJANGO_ALLOW_ASYNC_UNSAFE"] = "true"
-    try:
-        with sync_playwright() as playwright:
-            browser = playwright.chromium.launch(executable_path=CHROMIUM, headless=True, args=CHROMIUM_ARGS)
-            yield browser
-            browser.close()
-    finally:
-        if previous is None:
-            os.environ.pop("DJANGO_ALLOW_ASYNC_UNSAFE", None)
-        else:
-            os.environ["DJANGO_ALLOW_ASYNC_UNSAFE"] = previous
 
 
 @dataclass
@@ -69,12 +48,6 @@ def world(stack, chromium, transactional_db) -> World:
     seed_usage(acme, adapters={"support-bot": 6, "sql-writer": 3, "": 2}, seed=1)
     seed_usage(globex, adapters={"summarizer": 4}, num_days=5, seed=2)
     return World(stack.web_url, acme, globex, admin, teammate, outsider, operator)
-
-
-def new_page(browser: Browser, base_url: str):
-    context = browser.new_context(viewport=VIEWPORT, base_url=base_url)
-    context.grant_permissions(["clipboard-read", "clipboard-write"], origin=base_url)
-    return context.new_page()
 
 
 def api_me(base_url: str, raw_key: str) -> int:
@@ -167,7 +140,7 @@ def test_teammate_sees_read_only_pages(chromium, world):
     expect(page.get_by_role("button", name=re.compile("Remove|Create invitation"))).to_have_count(0)
     assert_accessible(page)
     page.set_viewport_size({"width": 390, "height": 844})  # a phone: nothing may stick out sideways
-    for path in ("/t/acme/", "/t/acme/keys/", "/t/acme/usage/"):
+    for path in ("/t/acme/", "/t/acme/keys/", "/t/acme/usage/", "/t/acme/adapters/", "/t/acme/playground/"):
         page.goto(path)
         assert sticking_out(page) == [], path
     save_screenshot(page, "usage-phone")
@@ -229,7 +202,8 @@ def test_outsider_sees_nothing_of_the_tenant(chromium, world):
         page.goto(path)
         assert_accessible(page)
     expect(page.locator("body")).not_to_contain_text("Acme")
-    for path in ("/t/acme/", "/t/acme/usage/", "/t/acme/keys/", "/t/acme/members/", "/operator/tenants/"):
+    for path in ("/t/acme/", "/t/acme/usage/", "/t/acme/keys/", "/t/acme/members/", "/t/acme/adapters/",
+                 "/t/acme/playground/", "/operator/tenants/", "/operator/engines/"):
         response = page.goto(path)
         assert response.status == 404, path
         assert "Acme" not in page.content()
