@@ -1,4 +1,4 @@
-"""Run the whole platform locally: services, migrations, a demo operator, web, Celery, an engine."""
+"""Run the whole platform locally: services, migrations, web, Celery, an engine, and the demo seeded."""
 
 import os
 import secrets
@@ -8,8 +8,6 @@ import time
 
 from devstack.processes import ProcessGroup, python
 from devstack.services import ROOT, ensure_redis, ensure_s3, state_dir
-
-DEMO_OPERATOR = ("operator", "operator@example.com")
 
 
 def platform_env(engine_port: int) -> dict[str, str]:
@@ -37,30 +35,10 @@ def manage(env: dict[str, str], *args: str) -> None:
     subprocess.run(python("manage.py", *args), cwd=ROOT, env={**os.environ, **env}, check=True)
 
 
-def seed_operator(env: dict[str, str]) -> str:
-    """The demo operator (a staff superuser); its password is kept in the state dir so it stays the same."""
-    password_file = state_dir() / "operator-password"
-    if not password_file.exists():
-        password_file.write_text(secrets.token_urlsafe(12))
-        password_file.chmod(0o600)
-    password = password_file.read_text().strip()
-    username, email = DEMO_OPERATOR
-    code = (
-        "from django.contrib.auth import get_user_model\n"
-        "User = get_user_model()\n"
-        f"user, _ = User.objects.get_or_create(username={username!r}, defaults={{'email': {email!r}}})\n"
-        "user.is_staff = user.is_superuser = True\n"
-        f"user.set_password({password!r}); user.save()\n"
-    )
-    manage(env, "shell", "-v", "0", "-c", code)
-    return password
-
-
 def run(*, host: str, port: int, engine_port: int, with_engine: bool) -> int:
     env = platform_env(engine_port)
     print("[run] migrating the database", flush=True)
     manage(env, "migrate", "--noinput", "-v", "0")
-    password = seed_operator(env)
     group = ProcessGroup(log_dir=state_dir() / "logs", env=env)
     stopping = False
 
@@ -72,7 +50,15 @@ def run(*, host: str, port: int, engine_port: int, with_engine: bool) -> int:
     signal.signal(signal.SIGTERM, on_signal)
     try:
         start_processes(group, host=host, port=port, engine_port=engine_port, with_engine=with_engine)
-        print_banner(host, port, engine_port if with_engine else None, password, group)
+        print("[run] seeding the demo (tenants, keys, adapters uploaded and validated)", flush=True)
+        demo = ["seed_demo", "--web-url", f"http://{host}:{port}"]
+        if not with_engine:
+            demo.append("--no-adapters")
+        try:
+            manage(env, *demo)
+        except subprocess.CalledProcessError:  # the platform still serves; the reason is printed above
+            print("[run] seeding the demo failed (see above); the platform runs without it", flush=True)
+        print_banner(host, port, engine_port if with_engine else None, group)
         while not stopping:
             dead = group.check_alive()
             if dead:
@@ -99,13 +85,14 @@ def start_processes(group: ProcessGroup, *, host: str, port: int, engine_port: i
                                "--schedule", str(state_dir() / "celerybeat-schedule")))
 
 
-def print_banner(host: str, port: int, engine_port: int | None, password: str, group: ProcessGroup) -> None:
+def print_banner(host: str, port: int, engine_port: int | None, group: ProcessGroup) -> None:
     lines = [
         "",
         "The platform is running. Ctrl-C stops everything it started.",
-        f"  web UI and API   http://{host}:{port}/   (health: http://{host}:{port}/health)",
-        f"  admin            http://{host}:{port}/admin/",
-        f"  operator login   {DEMO_OPERATOR[0]} / {password}",
+        f"  web console      http://{host}:{port}/   (health: http://{host}:{port}/health)",
+        f"  inference API    http://{host}:{port}/v1   (OpenAI-compatible; tenants' keys above)",
+        f"  management API   http://{host}:{port}/api/docs/",
+        f"  demo credentials {state_dir() / 'demo.json'} (printed above)",
     ]
     if engine_port is not None:
         lines.append(f"  engine (internal) http://127.0.0.1:{engine_port}/  (bearer key in .state/dev-secrets)")

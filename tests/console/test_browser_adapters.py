@@ -243,6 +243,8 @@ def test_playground_streams_answers_billed_to_the_tenant_and_operators_see_the_e
     save_screenshot(page, "playground")
 
     page.get_by_role("navigation", name="Main").get_by_role("link", name="Usage").click()
+    # A click does not wait for the next page: wait until its chart is drawn.
+    page.wait_for_function("() => window.Chart && Chart.getChart(document.getElementById('tokens-chart'))")
     today = page.evaluate("""Object.fromEntries(Chart.getChart(document.getElementById("tokens-chart")).data.datasets
                              .map(d => [d.label, d.data[d.data.length - 1]]))""")
     assert today == {"base model": base["total-tokens"], "support-bot": tuned["total-tokens"]}
