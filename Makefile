@@ -43,8 +43,13 @@ test: model static browser
 lint: install
 	$(VENV)/bin/ruff check .
 
+# Quick mode of every benchmark (about 25 minutes on 2 cores), then the report the README copies.
 bench: model
 	$(PY) -m bench.throughput --quick
+	$(PY) -m bench.multi_lora --quick
+	$(PY) -m bench.serve --quick
+	$(PY) -m bench.gateway --quick
+	$(PY) -m bench.report
 
 clean-state:
 	rm -rf .state

@@ -1,0 +1,150 @@
+"""The benchmark report: the latest result of each benchmark in ``bench/results/`` as one Markdown table, beside its
+peer measured in the same run and its target.
+
+``python -m bench.report`` (the last step of ``make bench``) writes ``bench/results/REPORT.md`` and
+``bench/results/summary.png`` (each ratio against its target) and prints the table, which the README's
+"Benchmarks" section copies. A benchmark with no result yet is listed as not run.
+"""
+
+import json
+import os
+import platform
+from pathlib import Path
+
+RESULTS = Path(__file__).resolve().parent / "results"
+
+
+def latest(prefix: str) -> tuple[Path, dict] | None:
+    paths = sorted(RESULTS.glob(f"{prefix}-2*.json"), key=lambda p: p.stat().st_mtime)
+    return (paths[-1], json.loads(paths[-1].read_text())) if paths else None
+
+
+def throughput_rows(report: dict) -> list[tuple]:
+    tok, ratio, best = report["tok_s"], report["ratios"], report["best_static_batch_size"]
+    threads = report["machine"]["threads"]
+    return [
+        ("Offline throughput (output tok/s, wall)", f"{tok['wall']['engine']:.1f}",
+         f"transformers static batch {best}: {tok['wall'][f'transformers_static_{best}']:.1f}",
+         f"{ratio['wall']['engine_vs_best_static']:.2f}x", "about 2.5x", f"{threads} threads"),
+        ("", "", f"transformers one at a time: {tok['wall']['transformers_sequential']:.1f}",
+         f"{ratio['wall']['engine_vs_sequential']:.2f}x", "about 12x", ""),
+        ("Engine against its roofline", "", "GEMMs + KV reads of its own schedule",
+         f"{ratio['wall']['engine_vs_roofline']:.0%}", ">= 75%", ""),
+    ]
+
+
+def multi_lora_rows(report: dict) -> list[tuple]:
+    t = report["targets"]
+    at32 = {r["popularity"]: r["tok_s"] for r in report["saturation"] if r["adapters"] == 32}
+    uniform, skewed = report["latency"]
+    return [
+        ("32 adapters, uniform (output tok/s)", f"{at32['alpha=1.0']:.1f}",
+         f"base model only: {report['base']['tok_s']:.1f}", f"{t['throughput_32_uniform_vs_base']:.2f}", ">= 0.80",
+         f"rank {report['rank']}, max_loras {report['max_loras']}"),
+        ("32 adapters, power law 0.5", f"{at32['alpha=0.5']:.1f}", f"base model only: {report['base']['tok_s']:.1f}",
+         f"{t['throughput_32_skewed_vs_base']:.2f}", ">= 0.80", ""),
+        ("32 adapters against PEFT", f"{at32['alpha=1.0']:.1f}",
+         f"transformers+PEFT one at a time: {report['peft']['tok_s']:.1f}",
+         f"{t['throughput_32_uniform_vs_peft']:.1f}x", ">= 15x", ""),
+        ("p99 TTFT at 80% load, skewed / uniform", f"{skewed['ttft_p99_s']:.2f} s",
+         f"uniform: {uniform['ttft_p99_s']:.2f} s",
+         f"{t['ttft_p99_skewed_vs_uniform']:.2f}", "<= 3", f"slot hits {skewed['slot_hit_rate'] or 0:.0%}"),
+    ]
+
+
+def serve_rows(report: dict) -> list[tuple]:
+    saturation = report["runs"][0]
+    return [("Server at saturation (output tok/s)", f"{saturation['output_tok_s']:.1f}",
+             f"offline LLM.generate: {report['offline_tok_s']:.1f}", f"{report['saturation_vs_offline']:.2f}",
+             f">= {report['target']:.2f}", f"load client on the same cores ({saturation['client_cpu_share']:.0%})")]
+
+
+def gateway_rows(report: dict) -> list[tuple]:
+    blocks = report["blocks"]
+    c1, c16 = blocks["ttft_c1"], blocks["throughput_c16"]
+    return [
+        ("Gateway: added p50 TTFT, 1 stream", f"{c1['gateway']['ttft_p50_ms']:.1f} ms",
+         f"engine direct: {c1['direct']['ttft_p50_ms']:.1f} ms", f"+{c1['added_ttft_p50_ms']:.1f} ms", "< 10 ms",
+         f"gateway CPU {report['gateway_cpu_ms_per_request']:.1f} ms/request"),
+        ("Gateway: 16 streams (tok/s)", f"{c16['gateway']['tokens_per_s']:.0f}",
+         f"engine direct: {c16['direct']['tokens_per_s']:.0f}", f"-{c16['throughput_loss']:.0%}", "< 10% loss",
+         "tiny model, so the gateway's cost shows"),
+    ]
+
+
+BENCHMARKS = [("throughput", "python -m bench.throughput", throughput_rows),
+              ("multi-lora", "python -m bench.multi_lora", multi_lora_rows),
+              ("serve", "python -m bench.serve", serve_rows),
+              ("gateway", "python -m bench.gateway", gateway_rows)]
+
+
+def build() -> tuple[str, list[tuple[str, float, float, bool]]]:
+    lines = [f"Machine: {os.cpu_count()} CPUs ({platform.processor() or platform.machine()}), no GPU; "
+             f"Python {platform.python_version()}. Each ratio compares with the peer measured in the same run.", "",
+             "| Measure | This platform | Peer (same run) | Ratio | Target | Notes |",
+             "|---|---|---|---|---|---|"]
+    sources = []
+    for prefix, command, rows in BENCHMARKS:
+        found = latest(prefix)
+        if found is None:
+            lines.append(f"| `{command}` | not run | | | | |")
+            continue
+        path, report = found
+        sources.append(f"`{path.name}`")
+        lines.extend("| " + " | ".join(row) + " |" for row in rows(report))
+    lines += ["", "Sources: " + ", ".join(sources) if sources else "No results yet: run `make bench`."]
+    return "\n".join(lines) + "\n", ratios_against_targets()
+
+
+def ratios_against_targets() -> list[tuple[str, float, float, bool]]:
+    """(label, value, target, higher is better) for the summary plot."""
+    out = []
+    if found := latest("throughput"):
+        r = found[1]["ratios"]["wall"]
+        out += [("engine / transformers static", r["engine_vs_best_static"], 2.5, True),
+                ("engine / roofline", r["engine_vs_roofline"], 0.75, True)]
+    if found := latest("multi-lora"):
+        t = found[1]["targets"]
+        out += [("32 LoRA / base", t["throughput_32_uniform_vs_base"], 0.8, True),
+                ("32 LoRA / PEFT", t["throughput_32_uniform_vs_peft"], 15.0, True),
+                ("p99 TTFT skewed / uniform", t["ttft_p99_skewed_vs_uniform"], 3.0, False)]
+    if found := latest("serve"):
+        out.append(("server / offline", found[1]["saturation_vs_offline"], found[1]["target"], True))
+    if found := latest("gateway"):
+        out.append(("gateway tok/s / direct", 1 - found[1]["blocks"]["throughput_c16"]["throughput_loss"], 0.9, True))
+    return out
+
+
+def plot(points: list[tuple[str, float, float, bool]], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(8, 0.5 + 0.5 * len(points)))
+    labels = [p[0] for p in points]
+    scores = [(value / target) if higher else (target / value if value else 0) for _, value, target, higher in points]
+    colors = ["tab:green" if s >= 1 else "tab:red" for s in scores]
+    ax.barh(labels, scores, color=colors)
+    ax.axvline(1.0, color="black", linewidth=1)
+    for y, (_, value, target, higher) in enumerate(points):
+        ax.text(0.02, y, f"{value:.2f} ({'>=' if higher else '<='} {target:g})", va="center", color="white")
+    ax.set_xlabel("measured / target (1 = target met; right is better)")
+    ax.invert_yaxis()
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
+def main() -> int:
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    table, points = build()
+    (RESULTS / "REPORT.md").write_text(table)
+    if points:
+        plot(points, RESULTS / "summary.png")
+    print(table)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
