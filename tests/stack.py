@@ -35,24 +35,27 @@ STACK_MODEL_NAME = "tiny"
 ENGINE_API_KEY = "stack-engine-key"
 
 
-def engine_argv(model_dir: Path, log_dir: Path, bucket: str) -> list[str]:
-    """An engine on the stack's tiny model serving adapters from the registry's prefix of ``bucket`` (the port is
+def engine_argv(model_dir: Path, log_dir: Path, bucket: str, served_name: str = STACK_MODEL_NAME) -> list[str]:
+    """An engine on the stack's model serving adapters from the registry's prefix of ``bucket`` (the port is
     added by start_stack). Max rank 64: the control plane's MAX_LORA_RANK default."""
     key_file = log_dir / "engine-key"
     log_dir.mkdir(parents=True, exist_ok=True)
     key_file.write_text(ENGINE_API_KEY)
     return python("-m", "engine", "serve", str(model_dir), "--host", "127.0.0.1", "--served-model-name",
-                  STACK_MODEL_NAME, "--api-key-file", str(key_file), "--kv-cache-memory", "64MiB",
+                  served_name, "--api-key-file", str(key_file), "--kv-cache-memory", "64MiB",
                   "--max-model-len", "512", "--enable-lora", "--adapter-sources", f"s3://{bucket}/tenants/",
                   "--max-lora-rank", "64")
 
 
-def start_stack(log_dir: Path, *, model_dir: Path | None = None, num_engines: int = 0) -> Stack:
-    """The stack; with ``num_engines`` engine replicas on the tiny model in ``model_dir``, which then is the
-    base model the control plane serves and validates adapters against."""
+def start_stack(log_dir: Path, *, model_dir: Path | None = None, num_engines: int = 0,
+                served_name: str = STACK_MODEL_NAME, redis_url: str | None = None) -> Stack:
+    """The stack; with ``num_engines`` engine replicas on the model in ``model_dir`` (served as ``served_name``),
+    which then is the base model the control plane serves and validates adapters against. A second stack in the
+    same session needs its own ``redis_url`` (a Redis database of its own): the Celery broker is there, and one
+    stack's worker must not take the other's tasks."""
     s3 = ensure_s3()
-    engine_argvs = [engine_argv(model_dir, log_dir, s3.bucket) for _ in range(num_engines)]
-    redis_url = os.environ.get("REDIS_URL") or ensure_redis()
+    engine_argvs = [engine_argv(model_dir, log_dir, s3.bucket, served_name) for _ in range(num_engines)]
+    redis_url = redis_url or os.environ.get("REDIS_URL") or ensure_redis()
     engine_ports = [free_port() for _ in engine_argvs]
     engine_urls = [f"http://127.0.0.1:{port}" for port in engine_ports]
     env = {
@@ -66,7 +69,7 @@ def start_stack(log_dir: Path, *, model_dir: Path | None = None, num_engines: in
         **s3.env(),
     }
     if model_dir is not None:
-        env.update(BASE_MODEL_NAME=STACK_MODEL_NAME, BASE_MODEL_CONFIG=str(model_dir / "config.json"))
+        env.update(BASE_MODEL_NAME=served_name, BASE_MODEL_CONFIG=str(model_dir / "config.json"))
     group = ProcessGroup(log_dir=log_dir, env=env)
     try:
         for argv, port in zip(engine_argvs, engine_ports, strict=True):
@@ -79,17 +82,21 @@ def start_stack(log_dir: Path, *, model_dir: Path | None = None, num_engines: in
         group.start("worker", python("-m", "celery", "-A", "config", "worker", "--loglevel", "INFO",
                                      "--pool", "threads", "--concurrency", "2", "--without-gossip",
                                      "--without-mingle", "--without-heartbeat", "--hostname", worker_name),
-                    ready=lambda: worker_answers(worker_name), wait_s=60)
+                    ready=lambda: worker_answers(worker_name, redis_url), wait_s=60)
     except Exception:
         group.stop()
         raise
     return Stack(f"http://127.0.0.1:{web_port}", redis_url, s3, engine_urls, env["ENGINE_API_KEY"], env, group)
 
 
-def worker_answers(name: str) -> bool:
-    from config.celery import app
+def worker_answers(name: str, broker_url: str) -> bool:
+    from celery import Celery
 
-    return bool(app.control.ping(destination=[name], timeout=0.5))
+    app = Celery(broker=broker_url)  # the stack's broker, which need not be this process's
+    try:
+        return bool(app.control.ping(destination=[name], timeout=0.5))
+    finally:
+        app.close()
 
 
 def default_log_dir() -> Path:

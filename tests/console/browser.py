@@ -3,6 +3,8 @@ launching, signing in, the axe-core accessibility check and screenshots."""
 
 import os
 import random
+from collections.abc import Iterator
+from contextlib import contextmanager
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
@@ -18,6 +20,27 @@ CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networki
 AXE = ROOT / "node_modules" / "axe-core" / "axe.min.js"  # installed from npm by `make static`
 AXE_TAGS = ["wcag2a", "wcag2aa", "wcag21a", "wcag21aa"]
 VIEWPORT = {"width": 1280, "height": 860}
+
+
+@contextmanager
+def launched_chromium() -> Iterator[Browser]:
+    """Debian's Chromium through Playwright, headless, for the duration of the block."""
+    from playwright.sync_api import sync_playwright
+
+    # Playwright's sync API keeps an event loop in this thread; the ORM calls of these tests are still plain
+    # synchronous calls, one at a time, so Django's guard against ORM use inside a running loop is lifted here.
+    previous = os.environ.get("DJANGO_ALLOW_ASYNC_UNSAFE")
+    os.environ["DJANGO_ALLOW_ASYNC_UNSAFE"] = "true"
+    try:
+        with sync_playwright() as playwright:
+            browser = playwright.chromium.launch(executable_path=CHROMIUM, headless=True, args=CHROMIUM_ARGS)
+            yield browser
+            browser.close()
+    finally:
+        if previous is None:
+            os.environ.pop("DJANGO_ALLOW_ASYNC_UNSAFE", None)
+        else:
+            os.environ["DJANGO_ALLOW_ASYNC_UNSAFE"] = previous
 
 
 def screenshot_dir() -> Path:

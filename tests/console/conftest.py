@@ -1,8 +1,6 @@
 """Fixtures of the console tests: the tenants tests' cast (owner, teammate, outsider, operator) with Django's test
 client signed in as each of them; for the browser tests, Chromium (Playwright) and fresh quota counters."""
 
-import os
-
 import pytest
 import redis
 from django.conf import settings
@@ -31,24 +29,10 @@ def client_as(cast: Cast):  # noqa: F811
 @pytest.fixture(scope="module")
 def chromium(stack):
     """Debian's Chromium through Playwright, headless, for one test module."""
-    from playwright.sync_api import sync_playwright
+    from tests.console.browser import launched_chromium
 
-    from tests.console.browser import CHROMIUM, CHROMIUM_ARGS
-
-    # Playwright's sync API keeps an event loop in this thread; the ORM calls of these tests are still plain
-    # synchronous calls, one at a time, so Django's guard against ORM use inside a running loop is lifted here.
-    previous = os.environ.get("DJANGO_ALLOW_ASYNC_UNSAFE")
-    os.environ["DJANGO_ALLOW_ASYNC_UNSAFE"] = "true"
-    try:
-        with sync_playwright() as playwright:
-            browser = playwright.chromium.launch(executable_path=CHROMIUM, headless=True, args=CHROMIUM_ARGS)
-            yield browser
-            browser.close()
-    finally:
-        if previous is None:
-            os.environ.pop("DJANGO_ALLOW_ASYNC_UNSAFE", None)
-        else:
-            os.environ["DJANGO_ALLOW_ASYNC_UNSAFE"] = previous
+    with launched_chromium() as browser:
+        yield browser
 
 
 @pytest.fixture
