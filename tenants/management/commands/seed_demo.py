@@ -47,13 +47,15 @@ class Command(BaseCommand):
             state[slug] = self._tenant(slug, name, email, state.get(slug) or {})
         state_path.write_text(json.dumps(state, indent=2))
         state_path.chmod(0o600)
-        for slug, _, _, adapters in [] if no_adapters else DEMO_TENANTS:
-            for adapter in adapters:
-                self._upload(web_url, slug, state[slug]["key"], Path(adapters_dir) / adapter)
-        for slug, _, _, adapters in [] if no_adapters else DEMO_TENANTS:
-            for adapter in adapters:
-                self._wait_ready(web_url, slug, state[slug]["key"], adapter, timeout)
-        self._print(web_url, state)
+        try:
+            for slug, _, _, adapters in [] if no_adapters else DEMO_TENANTS:
+                for adapter in adapters:
+                    self._upload(web_url, slug, state[slug]["key"], Path(adapters_dir) / adapter)
+            for slug, _, _, adapters in [] if no_adapters else DEMO_TENANTS:
+                for adapter in adapters:
+                    self._wait_ready(web_url, slug, state[slug]["key"], adapter, timeout)
+        finally:  # the accounts work whatever became of the adapters
+            self._print(web_url, state)
 
     # ------------------------------------------------------------ accounts and keys
 
