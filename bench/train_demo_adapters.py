@@ -42,7 +42,7 @@ class Recipe:
 
 # Facts need more passes than a style (every fact seen in several phrasings); their conversations are short.
 RECIPES = {
-    "zorbania-facts": Recipe(steps=40, lr=3e-3, batch_size=12),
+    "zorbania-facts": Recipe(steps=30, lr=3e-3, batch_size=12),
     "json-extractor": Recipe(steps=30, lr=2e-3),
     "pirate-persona": Recipe(steps=30, lr=2e-3),
 }
