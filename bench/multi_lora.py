@@ -156,8 +156,9 @@ def run(model: str, s: Settings) -> dict:
     base = saturation(base_llm.llm_engine, s, vocab, [], 0, None, params)
     del base_llm
     llm = make_llm(model, lora=True, num_adapters=max(s.adapter_counts))
-    llm.generate([[100] * 8], SamplingParams(max_tokens=2), use_tqdm=False)  # warm-up
     engine, loras = llm.llm_engine, lora_requests(folders)
+    # Warm-up of the LoRA path too (first touch of the slot buffers, the first load), as the base run had its own.
+    llm.generate([[100] * 8] * 2, SamplingParams(max_tokens=2), lora_request=[loras[0], None], use_tqdm=False)
     runs = []
     for count in s.adapter_counts:
         for alpha in (1.0, ALPHA_SKEWED):
