@@ -37,7 +37,12 @@ def multi_lora_rows(report: dict) -> list[tuple]:
     t = report["targets"]
     at32 = {r["popularity"]: r["tok_s"] for r in report["saturation"] if r["adapters"] == 32}
     uniform, skewed = report["latency"]
+    others = [r for r in report["saturation"] if r["popularity"] == "alpha=1.0" and r["adapters"] != 32]
+    base = report["base"]["tok_s"]
     return [
+        (f"{' / '.join(str(r['adapters']) for r in others)} adapters, uniform",
+         " / ".join(f"{r['tok_s']:.1f}" for r in others), f"base model only: {base:.1f}",
+         " / ".join(f"{r['tok_s'] / base:.2f}" for r in others), "", "for the shape of the curve"),
         ("32 adapters, uniform (output tok/s)", f"{at32['alpha=1.0']:.1f}",
          f"base model only: {report['base']['tok_s']:.1f}", f"{t['throughput_32_uniform_vs_base']:.2f}", ">= 0.80",
          f"rank {report['rank']}, max_loras {report['max_loras']}"),
@@ -78,8 +83,18 @@ BENCHMARKS = [("throughput", "python -m bench.throughput", throughput_rows),
               ("gateway", "python -m bench.gateway", gateway_rows)]
 
 
+def cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
 def build() -> tuple[str, list[tuple[str, float, float, bool]]]:
-    lines = [f"Machine: {os.cpu_count()} CPUs ({platform.processor() or platform.machine()}), no GPU; "
+    lines = [f"Machine: {os.cpu_count()} CPUs ({cpu_model()}), no GPU; "
              f"Python {platform.python_version()}. Each ratio compares with the peer measured in the same run.", "",
              "| Measure | This platform | Peer (same run) | Ratio | Target | Notes |",
              "|---|---|---|---|---|---|"]
