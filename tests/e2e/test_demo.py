@@ -86,5 +86,6 @@ def test_a_tenant_admin_sees_the_adapter_at_work_in_the_playground(demo_stack, s
     reply = page.locator(".turn-assistant .turn-text").last.inner_text()
     assert pirate.expect(reply), reply
     assert_accessible(page)
+    page.evaluate("window.scrollTo(0, 0)")
     save_screenshot(page, "playground-demo")
     page.context.close()

@@ -4,16 +4,7 @@ import pytest
 import torch
 
 from tests.support.tiny_llama import make_tiny_llama
-
-
-@pytest.fixture(scope="session", autouse=True)
-def _one_torch_thread():
-    # Tiny models gain nothing from threads, and on a loaded 2-core machine a 2-thread OpenMP region waits
-    # milliseconds for a descheduled thread: one thread keeps the suite fast and its timing steady.
-    previous = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(previous)
+from tests.support.torch_threads import one_torch_thread  # noqa: F401 (autouse)
 
 
 @pytest.fixture(scope="session")

@@ -12,6 +12,7 @@ import torch
 
 from engine.lora.fingerprint import ModelFingerprint
 from tests.support.peft_factory import make_peft_adapter
+from tests.support.torch_threads import one_torch_thread  # noqa: F401 (autouse)
 
 # SmolLM2-135M's projection shapes with 2 layers and a small vocabulary: real LoRA sizes, fast to build.
 SMOLLM2_SHAPES = dict(
@@ -30,16 +31,6 @@ def build_tiny_llama(path: Path, *, num_layers: int = NUM_LAYERS, vocab_size: in
     torch.manual_seed(seed)
     LlamaForCausalLM(config).save_pretrained(path)
     return path
-
-
-@pytest.fixture(scope="session", autouse=True)
-def _one_torch_thread():
-    # As in tests/engine: small matrices gain nothing from threads, and on a loaded 2-core machine a 2-thread
-    # OpenMP region waits milliseconds for a descheduled thread.
-    previous = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(previous)
 
 
 @pytest.fixture(scope="session")
