@@ -92,7 +92,9 @@ def start_stack(log_dir: Path, *, model_dir: Path | None = None, num_engines: in
 def worker_answers(name: str, broker_url: str) -> bool:
     from celery import Celery
 
-    app = Celery(broker=broker_url)  # the stack's broker, which need not be this process's
+    # The stack's broker, which need not be this process's. Not set as current: shared tasks resolve through the
+    # current app, and tests that patch a task's delay must keep patching the project's.
+    app = Celery(broker=broker_url, set_as_current=False)
     try:
         return bool(app.control.ping(destination=[name], timeout=0.5))
     finally:
