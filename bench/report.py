@@ -93,40 +93,41 @@ def cpu_model() -> str:
     return platform.processor() or platform.machine()
 
 
-def build() -> tuple[str, list[tuple[str, float, float, bool]]]:
+def build(found: dict[str, tuple[Path, dict] | None]) -> str:
+    """The Markdown table of the latest results (``prefix -> (path, report) or None``)."""
     lines = [f"Machine: {os.cpu_count()} CPUs ({cpu_model()}), no GPU; "
              f"Python {platform.python_version()}. Each ratio compares with the peer measured in the same run.", "",
              "| Measure | This platform | Peer (same run) | Ratio | Target | Notes |",
              "|---|---|---|---|---|---|"]
     sources = []
     for prefix, command, rows in BENCHMARKS:
-        found = latest(prefix)
-        if found is None:
+        if found[prefix] is None:
             lines.append(f"| `{command}` | not run | | | | |")
             continue
-        path, report = found
+        path, report = found[prefix]
         sources.append(f"`{path.name}`")
         lines.extend("| " + " | ".join(row) + " |" for row in rows(report))
     lines += ["", "Sources: " + ", ".join(sources) if sources else "No results yet: run `make bench`."]
-    return "\n".join(lines) + "\n", ratios_against_targets()
+    return "\n".join(lines) + "\n"
 
 
-def ratios_against_targets() -> list[tuple[str, float, float, bool]]:
+def ratios_against_targets(found: dict[str, tuple[Path, dict] | None]) -> list[tuple[str, float, float, bool]]:
     """(label, value, target, higher is better) for the summary plot."""
+    reports = {prefix: item[1] for prefix, item in found.items() if item is not None}
     out = []
-    if found := latest("throughput"):
-        r = found[1]["ratios"]["wall"]
+    if report := reports.get("throughput"):
+        r = report["ratios"]["wall"]
         out += [("engine / transformers static", r["engine_vs_best_static"], 2.5, True),
                 ("engine / roofline", r["engine_vs_roofline"], 0.75, True)]
-    if found := latest("multi-lora"):
-        t = found[1]["targets"]
+    if report := reports.get("multi-lora"):
+        t = report["targets"]
         out += [("32 LoRA / base", t["throughput_32_uniform_vs_base"], 0.8, True),
                 ("32 LoRA / PEFT", t["throughput_32_uniform_vs_peft"], 15.0, True),
                 ("p99 TTFT skewed / uniform", t["ttft_p99_skewed_vs_uniform"], 3.0, False)]
-    if found := latest("serve"):
-        out.append(("server / offline", found[1]["saturation_vs_offline"], found[1]["target"], True))
-    if found := latest("gateway"):
-        out.append(("gateway tok/s / direct", 1 - found[1]["blocks"]["throughput_c16"]["throughput_loss"], 0.9, True))
+    if report := reports.get("serve"):
+        out.append(("server / offline", report["saturation_vs_offline"], report["target"], True))
+    if report := reports.get("gateway"):
+        out.append(("gateway tok/s / direct", 1 - report["blocks"]["throughput_c16"]["throughput_loss"], 0.9, True))
     return out
 
 
@@ -153,7 +154,8 @@ def plot(points: list[tuple[str, float, float, bool]], path: Path) -> None:
 
 def main() -> int:
     RESULTS.mkdir(parents=True, exist_ok=True)
-    table, points = build()
+    found = {prefix: latest(prefix) for prefix, _, _ in BENCHMARKS}  # each result read once
+    table, points = build(found), ratios_against_targets(found)
     (RESULTS / "REPORT.md").write_text(table)
     if points:
         plot(points, RESULTS / "summary.png")

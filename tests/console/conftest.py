@@ -2,10 +2,9 @@
 client signed in as each of them; for the browser tests, Chromium (Playwright) and fresh quota counters."""
 
 import pytest
-import redis
-from django.conf import settings
 from django.test import Client
 
+from tests.support.quota_counters import drop_quota_counters
 from tests.tenants.conftest import Cast, cast  # noqa: F401  (the cast fixture, shared)
 
 WHO = ("owner", "teammate", "outsider", "operator", "anonymous")
@@ -37,13 +36,5 @@ def chromium(stack):
 
 @pytest.fixture
 def fresh_quota_counters():
-    """Drop the limiter's counters left in Redis by earlier test sessions (a new test database numbers tenants
-    from 1 again, so a tenant would inherit an old one's month). Only the quota keys: the stack's Celery worker
-    uses the same Redis database as its broker."""
-    client = redis.Redis.from_url(settings.REDIS_URL)
-    try:
-        stale = list(client.scan_iter(match="quota:*", count=1000))
-        if stale:
-            client.delete(*stale)
-    finally:
-        client.close()
+    """Drop the quota counters earlier test sessions left in Redis (tests.support.quota_counters says why)."""
+    drop_quota_counters()

@@ -3,10 +3,9 @@ stack's web process sees their tenants and keys; in-process tests that write fro
 do too."""
 
 import pytest
-import redis
-from django.conf import settings
 
 from gateway.db import close_db_thread_connection
+from tests.support.quota_counters import drop_quota_counters
 
 
 @pytest.fixture(autouse=True)
@@ -18,16 +17,8 @@ def _close_gateway_db_thread():
 
 @pytest.fixture(autouse=True)
 def _fresh_quota_counters():
-    """Drop the limiter's counters left in Redis by earlier test sessions: the test database starts its ids at 1
-    again, so a new tenant would inherit an old one's month. Only the quota keys: the stack's Celery worker
-    uses the same Redis database as its broker."""
-    client = redis.Redis.from_url(settings.REDIS_URL)
-    try:
-        stale = list(client.scan_iter(match="quota:*", count=1000))
-        if stale:
-            client.delete(*stale)
-    finally:
-        client.close()
+    """Drop the quota counters earlier test sessions left in Redis (tests.support.quota_counters says why)."""
+    drop_quota_counters()
 
 
 # The adapter registry's fixtures for adapters made for the stack's served model (test_adapters.py).
