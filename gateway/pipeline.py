@@ -105,8 +105,11 @@ async def run_generation(caller: Caller, kind: str, raw_body: bytes) -> HttpResp
     headers = {"X-Request-Id": request_id, **meter.reservation.headers}
     if parsed.stream:
         relay.watch_start(STREAM_START_DEADLINE_S)
-        return StreamingHttpResponse(relay.events(), content_type="text/event-stream",
-                                     headers={**STREAM_HEADERS, **headers})
+        events = relay.events()
+        response = StreamingHttpResponse(events, content_type="text/event-stream",
+                                         headers={**STREAM_HEADERS, **headers})
+        response.events = events  # gateway.asgi sends these itself, past Django's wrapping generators
+        return response
     return JsonResponse(await relay.collect(), headers=headers)
 
 

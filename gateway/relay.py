@@ -59,8 +59,9 @@ class Relay:
         gateway fell behind: they then go out in one write); GatewayError when the engine fails or times out."""
         done, pending = False, b""
         try:
-            # Raw bytes split here: httpx's aiter_lines stacks three more async generators on every chunk.
-            async for data in self.response.aiter_raw():
+            # The transport's bytes, split here: httpx's aiter_raw and aiter_lines stack more async generators
+            # on every chunk.
+            async for data in self.response.stream:
                 *lines, pending = (pending + data).split(b"\n")
                 batch = []
                 for line in lines:

@@ -16,6 +16,7 @@ from django.conf import settings
 
 from adapters.engine_client import EngineError, engine_headers
 from gateway import metrics
+from gateway.engine_transport import EngineTransport
 from gateway.errors import GatewayError, bad_request, model_not_found
 from gateway.replicas import Replica, ReplicaPool
 
@@ -54,9 +55,7 @@ def loop_upstream() -> Upstream:
     if upstream is None:
         timeout = httpx.Timeout(connect=settings.GATEWAY_ENGINE_CONNECT_TIMEOUT_MS / 1000,
                                 read=settings.GATEWAY_ENGINE_READ_TIMEOUT_S, write=30.0, pool=30.0)
-        limits = httpx.Limits(max_connections=settings.GATEWAY_MAX_ENGINE_CONNECTIONS,
-                              max_keepalive_connections=settings.GATEWAY_MAX_ENGINE_CONNECTIONS)
-        transport = httpx.AsyncHTTPTransport(limits=limits)
+        transport = EngineTransport(max_connections=settings.GATEWAY_MAX_ENGINE_CONNECTIONS)
         http = httpx.AsyncClient(timeout=timeout, transport=transport)
         pool = ReplicaPool(settings.ENGINE_URLS, http, settings.ENGINE_API_KEY,
                            ttl_s=settings.GATEWAY_HEALTH_TTL_MS / 1000)

@@ -20,6 +20,8 @@ import weakref
 from collections import OrderedDict
 from dataclasses import dataclass
 
+from asgiref.sync import sync_to_async
+from django.db import InterfaceError, OperationalError, connection
 from django.utils import timezone
 
 from tenants.identity import AuthFailure, KeyInfo
@@ -95,7 +97,7 @@ class KeyAuthenticator:
         from tenants.selectors import api_key_lookup_async
 
         self.num_db_lookups += 1
-        return await api_key_lookup_async(raw_key)
+        return await _reconnecting(api_key_lookup_async, raw_key)
 
     def _remember(self, digest: str, entry: _Entry) -> None:
         self._entries[digest] = entry
@@ -109,7 +111,17 @@ class KeyAuthenticator:
         self._last_used_written[key_id] = now
         from tenants.services import api_key_mark_used_async
 
-        await api_key_mark_used_async(prefix=key_id)
+        await _reconnecting(api_key_mark_used_async, prefix=key_id)
+
+
+async def _reconnecting(query, /, *args, **kwargs):
+    """``await query(...)``, once more on a new connection if the server dropped the one it used. The gateway's
+    API calls run outside Django's request cycle, whose end would otherwise close a broken connection."""
+    try:
+        return await query(*args, **kwargs)
+    except (InterfaceError, OperationalError):
+        await sync_to_async(connection.close)()
+        return await query(*args, **kwargs)
 
 
 def _shape_failure(raw_key: str | None) -> AuthFailure | None:

@@ -20,6 +20,7 @@ from tenants.services.usage import (
     usage_purge_raw,
     usage_record_create,
     usage_record_create_async,
+    usage_records_create_async,
     usage_rollup_day,
 )
 
@@ -42,6 +43,7 @@ __all__ = [
     "usage_purge_raw",
     "usage_record_create",
     "usage_record_create_async",
+    "usage_records_create_async",
     "usage_rollup_day",
     "user_change_password",
     "user_create",

@@ -49,6 +49,13 @@ async def usage_record_create_async(*, request_id: str, tenant_id: int, api_key_
     await UsageRecord.objects.abulk_create([row], ignore_conflicts=True)
 
 
+async def usage_records_create_async(*, rows: list[dict]) -> None:
+    """Several requests' rows (each the keyword arguments of `usage_record_create_async`) in one INSERT; a
+    request_id already written is ignored. A row with a bad field refuses the whole group (ValueError)."""
+    records = [_usage_row(**{"created_at": None, **fields}) for fields in rows]
+    await UsageRecord.objects.abulk_create(records, ignore_conflicts=True)
+
+
 def retention_cutoff(today: date | None = None) -> date:
     """Raw rows of days before this one are rolled up and deleted."""
     today = today or timezone.now().astimezone(UTC).date()

@@ -85,3 +85,37 @@ def test_the_record_is_written_even_when_the_streaming_coroutine_is_cancelled():
     assert async_to_sync(scenario)() == 0
     row = UsageRecord.objects.get(request_id="req-cut")
     assert (row.status, row.prompt_tokens, row.completion_tokens, row.playground) == ("cancelled", 10, 7, True)
+
+
+def test_rows_finishing_together_are_written_in_one_group_and_a_bad_row_costs_only_itself(monkeypatch):
+    from gateway import metering
+    from tenants import services
+
+    tenant = TenantFactory()
+    groups = []
+    real = services.usage_records_create_async
+
+    async def recording(*, rows):
+        groups.append([row["request_id"] for row in rows])
+        await real(rows=rows)
+
+    monkeypatch.setattr(metering, "usage_records_create_async", recording)
+
+    def row(request_id, completion_tokens=3):
+        return dict(request_id=request_id, tenant_id=tenant.pk, api_key_id=None, adapter="", prompt_tokens=5,
+                    completion_tokens=completion_tokens, status="ok", latency_ms=12)
+
+    async def scenario():
+        writer = metering.UsageWriter()
+        first = asyncio.ensure_future(writer.write(row("g-0")))
+        await asyncio.sleep(0)  # the first insert is under way: the next ones wait for it, together
+        rest = [writer.write(row(f"g-{i}")) for i in range(1, 5)]
+        bad = writer.write(row("g-bad", completion_tokens=-1))
+        results = await asyncio.gather(first, *rest, bad, return_exceptions=True)
+        return results
+
+    results = async_to_sync(scenario)()
+    assert results[:5] == [None] * 5 and isinstance(results[5], ValueError)
+    assert groups == [["g-0"], ["g-1", "g-2", "g-3", "g-4", "g-bad"]]  # the second group refused as a whole...
+    written = set(UsageRecord.objects.filter(tenant_id=tenant.pk).values_list("request_id", flat=True))
+    assert written == {f"g-{i}" for i in range(5)}  # ...then written row by row, all but the bad one
