@@ -9,7 +9,7 @@ import asyncio
 import json
 import logging
 import weakref
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import httpx
 from django.conf import settings
@@ -28,13 +28,19 @@ class Upstream:
     http: httpx.AsyncClient
     transport: httpx.AsyncBaseTransport  # the client's own
     pool: ReplicaPool
+    _urls: dict[str, httpx.URL] = field(default_factory=dict)
 
     async def post(self, url: str, body: dict, request_id: str, *, stream: bool = False) -> httpx.Response:
-        """POST ``body`` as JSON, built by the shared client (its timeouts) and sent on its transport directly:
-        the client's cookie jar, auth and redirect layers cost a good part of a millisecond per call on this
-        machine, and engines need none of them. With ``stream`` the body is left to read; close the response."""
+        """POST ``body`` as JSON with the shared client's timeouts, sent on its transport directly: the client's
+        request building (URL merging, default headers), cookie jar, auth and redirect layers cost a good part of
+        a millisecond per call on this machine, and engines need none of them. With ``stream`` the body is left
+        to read; close the response."""
+        parsed = self._urls.get(url)
+        if parsed is None:
+            parsed = self._urls[url] = httpx.URL(url)  # a replica's few paths, parsed once
         headers = {**engine_headers(self.pool.api_key, request_id), "Content-Type": "application/json"}
-        request = self.http.build_request("POST", url, content=json.dumps(body).encode(), headers=headers)
+        request = httpx.Request("POST", parsed, content=json.dumps(body).encode(), headers=headers,
+                                extensions={"timeout": self.http.timeout.as_dict()})
         response = await self.transport.handle_async_request(request)
         response.request = request
         if not stream:

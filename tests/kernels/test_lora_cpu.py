@@ -6,10 +6,25 @@ import torch
 import kernels
 from kernels import cpu, reference
 from kernels.cpu import lora as cpu_lora
+from kernels.cpu import native
 
 # (in_features, out_features) of q/o, k/v, gate/up and down in SmolLM2-135M.
 SHAPES = [(576, 576), (576, 192), (576, 1536), (1536, 576)]
 NUM_SLOTS = 5
+
+
+@pytest.fixture(autouse=True, params=["native", "torch"])
+def cpu_path(request, monkeypatch):
+    """Every test once with the C loop (kernels/cpu/lora.c, float32 batches of up to 512 tokens) and once with
+    torch alone."""
+    if request.param == "native":
+        if native.load("lora") is None:
+            pytest.fail("the C kernel did not build: a C compiler is part of the CPU setup")
+    else:
+        monkeypatch.setenv("KERNELS_CPU_NATIVE", "0")
+        native.load.cache_clear()
+    yield request.param
+    native.load.cache_clear()
 
 
 def make_buffers(in_features, out_features, ranks, max_rank, dtype=torch.float32, seed=0):
@@ -93,16 +108,42 @@ def test_expand_into_a_column_slice_of_a_fused_output():
         torch.testing.assert_close(out, out_ref, atol=1e-4, rtol=1e-4)
 
 
-@pytest.mark.parametrize("slots,in_place", [
-    ([2, 2, -1, -1, 0, 0, 0, -1, 4, 4, 2, 2, 2], True),  # runs, base tokens between them, slot 2 twice
-    ([0, 1, 0, 1, 0, 1, 0, 1, -1, 3, 0, 3], False),  # interleaved: gathered in slot order
+def plan_kind(token_slots) -> str:
+    plan = cpu_lora._plan(token_slots)
+    return "padded" if plan.padded is not None else ("runs" if plan.order is None else "gathered")
+
+
+@pytest.mark.parametrize("slots,kind", [
+    ([2, 2, -1, -1, 0, 0, 0, -1, 4, 4, 2, 2, 2], "padded"),  # few tokens: one bmm over slots 0..4
+    ([0, 1, 0, 1, 0, 1, 0, 1, -1, 3, 0, 3], "padded"),
+    ([1, 1, 1, 2, 2, 2], "padded"),  # already the padded layout: no gather at all
+    ([4] * 300 + [0] * 10, "runs"),  # one big slot and a small one: too much padding
+    ([2] * 300 + [-1] * 50 + [0] * 200 + [4] * 100 + [2] * 20, "runs"),  # many tokens, in runs
+    ([0, 1] * 300 + [-1, 3] * 20, "gathered"),  # many tokens, interleaved: gathered in slot order
 ])
-def test_runs_in_place_and_gathered_plans(slots, in_place):
+def test_each_plan_matches_the_reference(slots, kind):
     lora_a, lora_b, scales = make_buffers(1536, 576, [16, 4, 16, 1, 8], 16)
     token_slots = torch.tensor(slots, dtype=torch.int32)
-    assert (cpu_lora._plan(token_slots).order is None) == in_place
+    assert plan_kind(token_slots) == kind
     x, y = torch.randn(len(slots), 1536), torch.randn(len(slots), 576)
     check_against_reference(x, lora_a, lora_b, scales, token_slots, y, atol=1e-4)
+
+
+@pytest.mark.parametrize("order", ["interleaved", "sorted", "identity"])
+def test_a_fused_projection_through_the_padded_plan(order):
+    """gate|up in one shrink and a sliced expand, for a decode-sized batch over all slots."""
+    lora_a, lora_b, scales = make_buffers(576, 2 * 1536, [16, 8, 16, 4, 16], 16)
+    stacked_a = torch.cat([lora_a, lora_a.flip(0)], dim=1)  # [slots, 2 * max_rank, in]: two parts' A
+    token_slots = slots_for(64, seed=11, order=order)
+    assert plan_kind(token_slots) == "padded"
+    x, y = torch.randn(64, 576), torch.randn(64, 2 * 1536)
+    h = cpu.lora_shrink(x, stacked_a, token_slots, num_slices=2)
+    h_ref = reference.lora_shrink(x, stacked_a, token_slots, num_slices=2)
+    torch.testing.assert_close(h, h_ref, atol=1e-4, rtol=1e-4)
+    y_ref = y.clone()
+    cpu.lora_expand(y, h_ref, lora_b, token_slots, scales, slices=(1536, 1536))
+    reference.lora_expand(y_ref, h_ref, lora_b, token_slots, scales, slices=(1536, 1536))
+    torch.testing.assert_close(y, y_ref, atol=1e-4, rtol=1e-4)
 
 
 def test_grouping_is_recomputed_when_token_slots_change_in_place():
@@ -119,10 +160,13 @@ def test_grouping_is_recomputed_when_token_slots_change_in_place():
 
 
 @pytest.mark.parametrize("order", ["interleaved", "identity"])
-def test_bf16_matches_reference(order):
+@pytest.mark.parametrize("num_tokens", [19, 700])  # the padded plan; gathered or runs
+def test_bf16_matches_reference(order, num_tokens):
     lora_a, lora_b, scales = make_buffers(576, 1536, [16, 8, 1, 16, 4], 16, dtype=torch.bfloat16)
-    token_slots = slots_for(19, seed=7, order=order)
-    x, y = torch.randn(19, 576, dtype=torch.bfloat16), torch.randn(19, 1536, dtype=torch.bfloat16)
+    token_slots = slots_for(num_tokens, seed=7, order=order)
+    assert (plan_kind(token_slots) == "padded") == (num_tokens == 19)
+    x = torch.randn(num_tokens, 576, dtype=torch.bfloat16)
+    y = torch.randn(num_tokens, 1536, dtype=torch.bfloat16)
     check_against_reference(x, lora_a, lora_b, scales, token_slots, y, atol=2e-2)
 
 
@@ -194,3 +238,33 @@ def test_public_ops_forward_the_fused_extras():
     with kernels.use_backend("reference"):
         kernels.lora_expand(y_ref, h, lora_b, token_slots, scales, slot_ranks=ranks, slices=(192, 192))
     torch.testing.assert_close(y_fused, y_ref, atol=1e-5, rtol=1e-5)
+
+
+def test_float32_decode_batches_take_the_c_loop(cpu_path, monkeypatch):
+    """In float32, with sizes that are multiples of 8, a decode-sized batch never reaches the torch plans."""
+    lora_a, lora_b, scales = make_buffers(576, 1536, [16, 8, 16, 4, 16], 16)
+    token_slots = slots_for(64, seed=3, order="sorted")
+    x, y = torch.randn(64, 576), torch.randn(64, 1536)
+    y_ref = y.clone()
+    reference.lora_expand(y_ref, reference.lora_shrink(x, lora_a, token_slots), lora_b, token_slots, scales)
+
+    def torch_plan(*args, **kwargs):
+        raise AssertionError("the torch path ran")
+
+    monkeypatch.setattr(cpu_lora, "_padded_shrink", torch_plan)
+    monkeypatch.setattr(cpu_lora, "_padded_expand", torch_plan)
+    if cpu_path == "native":
+        cpu.lora_expand(y, cpu.lora_shrink(x, lora_a, token_slots), lora_b, token_slots, scales)
+        torch.testing.assert_close(y, y_ref, atol=1e-4, rtol=1e-4)
+    else:
+        with pytest.raises(AssertionError, match="torch path"):
+            cpu.lora_shrink(x, lora_a, token_slots)
+
+
+def test_shapes_that_do_not_fit_are_refused_before_the_c_loop():
+    lora_a, lora_b, scales = make_buffers(576, 192, [16] * NUM_SLOTS, 16)
+    token_slots = slots_for(8, seed=1, order="identity")
+    with pytest.raises((ValueError, RuntimeError)):
+        cpu.lora_shrink(torch.randn(8, 512), lora_a, token_slots)  # in_features 512 != 576
+    with pytest.raises((ValueError, RuntimeError)):
+        cpu.lora_expand(torch.randn(8, 192), torch.randn(8, 4), lora_b, token_slots, scales)  # h narrower than rank
