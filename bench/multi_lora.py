@@ -1,6 +1,6 @@
 """Multi-LoRA serving: throughput at saturation and latency under load, against the base model and PEFT.
 
-``python -m bench.multi_lora [--quick] [--model NAME_OR_PATH] [--threads N]``
+``python -m bench.multi_lora [--quick] [--model NAME_OR_PATH] [--threads N] [--adapter-counts 1,8,32,128]``
 
 Every adapter has rank 16 on all seven projections (``max_lora_rank=16``, ``max_loras=8``, a host tier holding
 them all). Measured in one run on the same machine:
@@ -225,10 +225,20 @@ def main(argv=None) -> dict:
     parser.add_argument("--quick", action="store_true", help="smaller workload (about 5 minutes on a quiet machine)")
     parser.add_argument("--model", default="smollm2-135m-instruct")
     parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's choice)")
+    parser.add_argument("--adapter-counts", default="1,8,32,128",
+                        help="numbers of adapters of the saturation runs, comma-separated (32 is always run: the "
+                             "targets are about it)")
     args = parser.parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
     s = settings(args.quick)
+    try:
+        counts = {int(c) for c in args.adapter_counts.split(",") if c.strip()}
+    except ValueError:
+        parser.error(f"--adapter-counts must be integers, got {args.adapter_counts!r}")
+    if any(c < 1 for c in counts):
+        parser.error("--adapter-counts must be positive")
+    s.adapter_counts = sorted(counts | {32})
     started = time.perf_counter()
     report = {"model": args.model, "settings": asdict(s), "rank": RANK, "max_loras": MAX_LORAS,
               **run(args.model, s)}

@@ -7,8 +7,8 @@ re-planning). Which path runs:
 * **the C loop** (``kernels/cpu/lora.c``; float32, up to 512 tokens with an adapter, sizes multiples of 8): each
   token one work item, its slot's A or B rows read from cache (tokens in slot order share them), its h or y row
   written once. A decode step's LoRA is a few MFLOP per projection, and torch pays tens of microseconds per op
-  around such small products: with 8 adapters at rank 16 on SmolLM2-135M, about 60 ms of a 64-token decode step
-  went to LoRA in torch and about 15 ms in C (``python -m bench.lora_ops``).
+  around such small products: with 8 adapters at rank 16 on SmolLM2-135M (``bench.multi_lora --quick``), the LoRA
+  ops of a 62-token decode step took about 60 ms in torch and 32 ms with the C loop.
 * **padded** (the same small batches when the C loop does not apply: bf16, odd ranks, no compiler): every slot
   from the lowest to the highest one in use is a group of ``L`` rows (``L`` = the most tokens any slot has), the
   tokens gathered into them once, padding rows repeating a real row with a zero scale. Each op is one ``bmm``
@@ -250,6 +250,9 @@ def _padded_expand(y: torch.Tensor, h: torch.Tensor, lora_b: torch.Tensor, scale
         y.index_add_(0, padded.gather, delta)
 
 
+_SIZES: dict[tuple[int, ...], torch.Tensor] = {}
+
+
 def _library():
     library = native.load("lora")
     if library is not None and not getattr(library, "_typed", False):
@@ -298,7 +301,9 @@ def _native_expand(y: torch.Tensor, h: torch.Tensor, lora_b: torch.Tensor, scale
     if library is None:
         return False
     scales = scales.float().contiguous()
-    sizes = torch.tensor(slices, dtype=torch.int64)
+    sizes = _SIZES.get(slices)
+    if sizes is None:
+        sizes = _SIZES[slices] = torch.tensor(slices, dtype=torch.int64)  # a model has a few shapes
     status = library.lora_expand_f32(y.data_ptr(), y.stride(0), h.data_ptr(), h.stride(0), lora_b.data_ptr(),
                                      lora_b.shape[1], lora_b.shape[2], sizes.data_ptr(), len(slices),
                                      scales.data_ptr(), plan.native_rows.data_ptr(), plan.native_slots.data_ptr(),
