@@ -13,34 +13,8 @@
  * every part's size must be multiples of 8, else the functions return -1 and the caller uses torch.
  */
 #include <stdint.h>
-#include <string.h>
 
-#define LANES 8
-
-typedef float vf __attribute__((vector_size(LANES * sizeof(float))));
-typedef int32_t vi __attribute__((vector_size(LANES * sizeof(int32_t))));
-
-static inline vf load(const float *p) { vf v; memcpy(&v, p, sizeof v); return v; }
-static inline void store(float *p, vf v) { memcpy(p, &v, sizeof v); }
-static inline vf splat(float x) { return (vf){x, x, x, x, x, x, x, x}; }
-
-#if defined(__clang__)
-#define SHUFFLE(a, b, ...) __builtin_shufflevector(a, b, __VA_ARGS__)
-#else
-#define SHUFFLE(a, b, ...) __builtin_shuffle(a, b, (vi){__VA_ARGS__})
-#endif
-
-/* {sum(a[0]), ..., sum(a[7])}: eight horizontal sums at once. */
-static inline vf hsum8(const vf a[8]) {
-    vf b[4], c[2];
-    for (int i = 0; i < 4; ++i)
-        b[i] = SHUFFLE(a[2 * i], a[2 * i + 1], 0, 8, 2, 10, 4, 12, 6, 14) +
-               SHUFFLE(a[2 * i], a[2 * i + 1], 1, 9, 3, 11, 5, 13, 7, 15);
-    for (int i = 0; i < 2; ++i)
-        c[i] = SHUFFLE(b[2 * i], b[2 * i + 1], 0, 1, 8, 9, 4, 5, 12, 13) +
-               SHUFFLE(b[2 * i], b[2 * i + 1], 2, 3, 10, 11, 6, 7, 14, 15);
-    return SHUFFLE(c[0], c[1], 0, 1, 2, 3, 8, 9, 10, 11) + SHUFFLE(c[0], c[1], 4, 5, 6, 7, 12, 13, 14, 15);
-}
+#include "vec8.h"
 
 /* h[rows[i], 0:R] = lora_a[slots[i]] @ x[rows[i]]: eight rows of A at a time against the token's x. */
 int lora_shrink_f32(const float *x, int64_t x_stride, const float *lora_a, int64_t in_features, int64_t rank_total,

@@ -58,8 +58,10 @@ def load(name: str) -> ctypes.CDLL | None:
     if compiler is None:
         logger.warning("no C compiler found: %s runs on its slower pure-torch path", name)
         return None
+    headers = [path.read_bytes() for path in sorted(source.parent.glob("*.h"))]  # what the sources include
     digest = hashlib.sha256(
-        b"\0".join([source.read_bytes(), " ".join(FLAGS).encode(), compiler.encode(), _cpu_fingerprint().encode()])
+        b"\0".join([source.read_bytes(), *headers, " ".join(FLAGS).encode(), compiler.encode(),
+                     _cpu_fingerprint().encode()])
     ).hexdigest()[:16]
     target = cache_dir() / f"{name}-{digest}.so"
     if not target.exists():

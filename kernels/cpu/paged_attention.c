@@ -16,36 +16,12 @@
 #include <stdlib.h>
 #include <string.h>
 
-#define LANES 8
+#include "vec8.h"
+
 #define MAX_ROWS 32
 #define MAX_VECS 32 /* head_dim <= 256 */
 #define MAX_BLOCK_SIZE 256
 
-typedef float vf __attribute__((vector_size(LANES * sizeof(float))));
-typedef int32_t vi __attribute__((vector_size(LANES * sizeof(int32_t))));
-
-static inline vf load(const float *p) { vf v; memcpy(&v, p, sizeof v); return v; }
-static inline void store(float *p, vf v) { memcpy(p, &v, sizeof v); }
-static inline vf splat(float x) { return (vf){x, x, x, x, x, x, x, x}; }
-static inline float hsum(vf v) { return ((v[0] + v[4]) + (v[1] + v[5])) + ((v[2] + v[6]) + (v[3] + v[7])); }
-
-#if defined(__clang__)
-#define SHUFFLE(a, b, ...) __builtin_shufflevector(a, b, __VA_ARGS__)
-#else
-#define SHUFFLE(a, b, ...) __builtin_shuffle(a, b, (vi){__VA_ARGS__})
-#endif
-
-/* {hsum(a[0]), ..., hsum(a[7])} in 12 shuffles and 7 adds (a transpose folded into the sums). */
-static inline vf hsum8(const vf a[8]) {
-    vf b[4], c[2];
-    for (int i = 0; i < 4; ++i)
-        b[i] = SHUFFLE(a[2 * i], a[2 * i + 1], 0, 8, 2, 10, 4, 12, 6, 14) +
-               SHUFFLE(a[2 * i], a[2 * i + 1], 1, 9, 3, 11, 5, 13, 7, 15);
-    for (int i = 0; i < 2; ++i)
-        c[i] = SHUFFLE(b[2 * i], b[2 * i + 1], 0, 1, 8, 9, 4, 5, 12, 13) +
-               SHUFFLE(b[2 * i], b[2 * i + 1], 2, 3, 10, 11, 6, 7, 14, 15);
-    return SHUFFLE(c[0], c[1], 0, 1, 2, 3, 8, 9, 10, 11) + SHUFFLE(c[0], c[1], 4, 5, 6, 7, 12, 13, 14, 15);
-}
 static inline vf vmax(vf a, vf b) { vi m = a > b; return (vf)(((vi)a & m) | ((vi)b & ~m)); }
 
 /* exp(x) for x <= 0 (softmax arguments), Cephes' expf polynomial: relative error ~2e-7. */

@@ -6,6 +6,7 @@ import torch
 import kernels
 import kernels.reference as reference
 from kernels.cpu import attention, native
+from tests.kernels.conftest import cpu_paths
 
 
 def paged_case(seq_lens, query_lens, *, num_q_heads, num_kv_heads, head_dim, block_size, seed=0, dtype=None):
@@ -25,17 +26,7 @@ def paged_case(seq_lens, query_lens, *, num_q_heads, num_kv_heads, head_dim, blo
     return q, k_cache, v_cache, tables, torch.tensor(seq_lens, dtype=torch.int32), starts, head_dim**-0.5
 
 
-@pytest.fixture(params=["native", "torch"])
-def cpu_path(request, monkeypatch):
-    """Run once through the C loop and once through the pure-torch fallback (gather + SDPA)."""
-    if request.param == "native":
-        if native.load("paged_attention") is None:
-            pytest.fail("the C kernel did not build: a C compiler is part of the CPU setup")
-    else:
-        monkeypatch.setenv("KERNELS_CPU_NATIVE", "0")
-        native.load.cache_clear()
-    yield request.param
-    native.load.cache_clear()
+cpu_path = cpu_paths("paged_attention")  # each test through C and through torch
 
 
 CASES = {

@@ -6,25 +6,14 @@ import torch
 import kernels
 from kernels import cpu, reference
 from kernels.cpu import lora as cpu_lora
-from kernels.cpu import native
+from tests.kernels.conftest import cpu_paths
 
 # (in_features, out_features) of q/o, k/v, gate/up and down in SmolLM2-135M.
 SHAPES = [(576, 576), (576, 192), (576, 1536), (1536, 576)]
 NUM_SLOTS = 5
 
 
-@pytest.fixture(autouse=True, params=["native", "torch"])
-def cpu_path(request, monkeypatch):
-    """Every test once with the C loop (kernels/cpu/lora.c, float32 batches of up to 512 tokens) and once with
-    torch alone."""
-    if request.param == "native":
-        if native.load("lora") is None:
-            pytest.fail("the C kernel did not build: a C compiler is part of the CPU setup")
-    else:
-        monkeypatch.setenv("KERNELS_CPU_NATIVE", "0")
-        native.load.cache_clear()
-    yield request.param
-    native.load.cache_clear()
+cpu_path = cpu_paths("lora", autouse=True)  # each test through C and through torch
 
 
 def make_buffers(in_features, out_features, ranks, max_rank, dtype=torch.float32, seed=0):
