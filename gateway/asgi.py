@@ -54,8 +54,9 @@ def _meta(headers) -> dict[str, str]:
     """The headers as Django's META names them (repeated ones joined with commas, as Django joins them)."""
     meta: dict[str, str] = {}
     for name, value in headers:
-        key = name.decode("latin1").upper().replace("-", "_")
-        if key not in ("CONTENT_TYPE", "CONTENT_LENGTH"):
+        lower = name.decode("latin1").lower()
+        key = lower.upper().replace("-", "_")
+        if lower not in ("content-type", "content-length"):
             key = f"HTTP_{key}"
         value = value.decode("latin1")
         meta[key] = f"{meta[key]},{value}" if key in meta else value
@@ -99,6 +100,7 @@ class APIApp:
         except asyncio.CancelledError:
             if not watcher.done() or watcher.cancelled() or not watcher.result():
                 raise  # not the client leaving: the server is stopping
+            serving.uncancel()  # the client's leaving is handled here: the task goes on as not cancelled
         finally:
             watcher.cancel()
 
@@ -121,7 +123,8 @@ class APIApp:
         if not response.streaming:
             body = response.content
             headers = _headers(response)
-            headers.append((b"content-length", str(len(body)).encode()))
+            if not response.has_header("Content-Length"):
+                headers.append((b"content-length", str(len(body)).encode()))
             await send({"type": "http.response.start", "status": response.status_code, "headers": headers})
             await send({"type": "http.response.body", "body": body})
             return

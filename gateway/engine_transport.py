@@ -7,8 +7,9 @@ HTTP/1.1 (uvicorn: keep-alive, ``Content-Length`` or chunked bodies), so this tr
 asyncio streams:
 
 * connections are kept per origin and reused; one the engine closed while idle is seen as at EOF and dropped
-  for free, and a request on a kept connection that gets no byte of answer is sent again once on a new one
-  (the engine cannot have begun it: uvicorn closes idle connections only between requests);
+  for free, and a request on a kept connection that ends without a byte of answer within 0.1 s of being written
+  is sent again once on a new one (the engine had closed it idle); after that the engine may have begun the
+  request (it sends no status line before the first token), so it is never sent twice;
 * a chunked body is decoded from whatever one read brought, so chunks that arrived together come out as one
   piece (the relay then sends them in one write) and each is handed on the moment it is complete;
 * failures are httpx's exceptions (``ConnectError``, ``ConnectTimeout``, ``ReadTimeout``, ``ReadError``,
@@ -25,6 +26,11 @@ import httpx
 
 _MAX_HEAD = 64 * 1024  # status line and headers
 _READ_SIZE = 64 * 1024
+# A kept connection that ends without a byte of answer this soon after the request was written had been closed
+# by the engine while idle (uvicorn's keep-alive timeout): it is safe to send again. Later, the engine may have
+# begun the request (it sends no status line before the first token), so it is never sent twice.
+_IDLE_CLOSE_RACE_S = 0.1
+_HEX = frozenset(b"0123456789abcdefABCDEF")
 
 
 class _Connection:
@@ -37,7 +43,8 @@ class _Connection:
 
     @property
     def usable(self) -> bool:
-        return not self.reader.at_eof() and not self.writer.is_closing()
+        # A read timeout stored on the reader by _Body's timer right as the answer completed also rules it out.
+        return not self.reader.at_eof() and not self.writer.is_closing() and self.reader.exception() is None
 
     def close(self) -> None:
         self.writer.close()
@@ -110,26 +117,44 @@ class EngineTransport(httpx.AsyncBaseTransport):
 
     async def _exchange(self, conn: _Connection, head: bytes, body: bytes, request: httpx.Request,
                         timeouts: dict) -> httpx.Response:
+        loop = asyncio.get_running_loop()
         try:
             conn.writer.write(head + body)
             async with asyncio.timeout(timeouts.get("write")):
                 await conn.writer.drain()
+        except TimeoutError:
+            conn.close()
+            raise httpx.WriteTimeout("sending the request to the engine timed out", request=request) from None
+        except (ConnectionResetError, BrokenPipeError):
+            conn.close()
+            raise _NoAnswer() from None  # closed before it could take the request
+        except OSError as exc:
+            conn.close()
+            raise httpx.WriteError(str(exc), request=request) from None
+        except BaseException:
+            conn.close()
+            raise
+        sent = loop.time()
+        try:
             async with asyncio.timeout(timeouts.get("read")):
                 raw = await conn.reader.readuntil(b"\r\n\r\n")
         except asyncio.IncompleteReadError as exc:
             conn.close()
-            if not exc.partial:
+            if not exc.partial and loop.time() - sent < _IDLE_CLOSE_RACE_S:
                 raise _NoAnswer() from None
-            raise httpx.RemoteProtocolError("the engine's answer ended inside its headers", request=request) from None
+            raise httpx.RemoteProtocolError("the engine closed the connection before its answer's headers ended",
+                                            request=request) from None
         except asyncio.LimitOverrunError:
             conn.close()
             raise httpx.RemoteProtocolError("the engine's answer headers are too large", request=request) from None
         except TimeoutError:
             conn.close()
             raise httpx.ReadTimeout("the engine did not answer in time", request=request) from None
-        except (ConnectionResetError, BrokenPipeError):
+        except ConnectionResetError:
             conn.close()
-            raise _NoAnswer() from None
+            if loop.time() - sent < _IDLE_CLOSE_RACE_S:
+                raise _NoAnswer() from None
+            raise httpx.ReadError("the engine reset the connection", request=request) from None
         except OSError as exc:
             conn.close()
             raise httpx.ReadError(str(exc), request=request) from None
@@ -137,12 +162,12 @@ class EngineTransport(httpx.AsyncBaseTransport):
             conn.close()
             raise
         try:
-            status, headers = _parse_head(raw)
+            version, status, headers = _parse_head(raw)
+            stream = _Body(self, conn, headers, request, timeouts.get("read"), http_10=version == b"HTTP/1.0",
+                           no_body=request.method == "HEAD" or status in (204, 304) or 100 <= status < 200)
         except ValueError as exc:
             conn.close()
             raise httpx.RemoteProtocolError(f"malformed answer from the engine: {exc}", request=request) from None
-        stream = _Body(self, conn, headers, request, timeouts.get("read"),
-                       no_body=request.method == "HEAD" or status in (204, 304) or 100 <= status < 200)
         return httpx.Response(status, headers=headers, stream=stream, extensions={"http_version": b"HTTP/1.1"})
 
     def _done(self, conn: _Connection, reusable: bool) -> None:
@@ -168,22 +193,28 @@ class _NoAnswer(Exception):
 
 class _Body(httpx.AsyncByteStream):
     def __init__(self, transport: EngineTransport, conn: _Connection, headers: list[tuple[bytes, bytes]],
-                 request: httpx.Request, read_timeout: float | None, *, no_body: bool):
+                 request: httpx.Request, read_timeout: float | None, *, no_body: bool, http_10: bool = False):
         self._transport = transport
         self._conn = conn
         self._request = request
         self._timeout = read_timeout
         self._finished = False
-        self._keep_alive = True
+        self._keep_alive = not http_10
         length, chunked = None, False
         for name, value in headers:
             name = name.lower()
             if name == b"content-length":
+                if not value.isdigit() or (length is not None and int(value) != length):
+                    raise ValueError(f"Content-Length {value[:40]!r}")
                 length = int(value)
             elif name == b"transfer-encoding":
                 chunked = value.strip().lower().endswith(b"chunked")
-            elif name == b"connection" and value.strip().lower() == b"close":
-                self._keep_alive = False
+            elif name == b"connection":
+                tokens = {token.strip().lower() for token in value.split(b",")}
+                if b"close" in tokens:
+                    self._keep_alive = False
+                elif b"keep-alive" in tokens and http_10:
+                    self._keep_alive = True
         self._loop = asyncio.get_running_loop()
         self._reading = False
         self._deadline = 0.0
@@ -273,11 +304,11 @@ class _Body(httpx.AsyncByteStream):
                             self.abort()
                             raise httpx.RemoteProtocolError("bad chunk size line", request=self._request)
                         break
-                    try:
-                        size = int(buffer[:end].split(b";", 1)[0], 16)
-                    except ValueError:
+                    token = buffer[:end].split(b";", 1)[0].strip()
+                    if not token or not _HEX.issuperset(token):
                         self.abort()
-                        raise httpx.RemoteProtocolError("bad chunk size line", request=self._request) from None
+                        raise httpx.RemoteProtocolError("bad chunk size line", request=self._request)
+                    size = int(token, 16)
                     buffer = buffer[end + 2:]
                     if size == 0:
                         if out:
@@ -287,6 +318,9 @@ class _Body(httpx.AsyncByteStream):
                     need = size
                 if len(buffer) < need + 2:
                     break
+                if buffer[need:need + 2] != b"\r\n":
+                    self.abort()
+                    raise httpx.RemoteProtocolError("a chunk did not end where its size said", request=self._request)
                 out.append(buffer[:need])
                 buffer = buffer[need + 2:]
                 need = None
@@ -347,10 +381,10 @@ def _request_head(request: httpx.Request) -> bytes:
     return b"\r\n".join(lines) + b"\r\n\r\n"
 
 
-def _parse_head(raw: bytes) -> tuple[int, list[tuple[bytes, bytes]]]:
+def _parse_head(raw: bytes) -> tuple[bytes, int, list[tuple[bytes, bytes]]]:
     lines = raw[:-4].split(b"\r\n")
     version, _, rest = lines[0].partition(b" ")
-    if not version.startswith(b"HTTP/1."):
+    if version not in (b"HTTP/1.0", b"HTTP/1.1") or not rest[:3].isdigit():
         raise ValueError(f"status line {lines[0][:80]!r}")
     status = int(rest[:3])
     headers = []
@@ -359,4 +393,4 @@ def _parse_head(raw: bytes) -> tuple[int, list[tuple[bytes, bytes]]]:
         if not sep or not name or name != name.strip():
             raise ValueError(f"header line {line[:80]!r}")
         headers.append((name, value.strip()))
-    return status, headers
+    return version, status, headers

@@ -14,7 +14,8 @@ from gateway.engine_transport import EngineTransport
 class ScriptedEngine:
     """A server whose answer to each request is ``answer(request_number, head, body)``: a list of byte strings
     (written with a short pause between them; a last ``None`` then closes the connection), ``"close"`` (close
-    without answering) or ``"silent"`` (never answer). It records each connection's requests."""
+    without answering), ``"work-then-close"`` (the same 0.3 s later) or ``"silent"`` (never answer). It records
+    each connection's requests."""
 
     def __init__(self, answer):
         self.answer = answer
@@ -42,6 +43,9 @@ class ScriptedEngine:
                 if what == "silent":
                     await reader.read()  # until the client goes away
                     self.closed_by_client.set()
+                    return
+                if what == "work-then-close":
+                    await asyncio.sleep(0.3)  # began the request (prefill), then died
                     return
                 for part in what:
                     if part is None:
@@ -195,3 +199,69 @@ def test_closing_a_stream_before_its_end_closes_the_connection_so_the_engine_abo
         return engine.connections
 
     assert run(answer, scenario) == 2
+
+
+@pytest.mark.parametrize("length", [b"abc", b"2, 2", b"1_0", b"-1", b"+5"])
+def test_a_malformed_content_length_is_a_protocol_error_and_the_connection_is_not_reused(length):
+    def answer(n, head, body):
+        if n == 1:
+            return [b"HTTP/1.1 200 OK\r\ncontent-length: " + length + b"\r\n\r\nbad"]
+        return json_answer(200, {"n": n})
+
+    async def scenario(http, url, engine):
+        with pytest.raises(httpx.RemoteProtocolError):
+            await http.post(f"{url}/x", json={})
+        return (await http.post(f"{url}/x", json={})).json(), engine.connections
+
+    assert run(answer, scenario) == ({"n": 2}, 2)  # the leftover bytes never become the next request's answer
+
+
+def test_a_request_the_engine_may_have_begun_is_never_sent_twice():
+    """On a kept connection, the engine reads the request, works, then dies without a byte of answer: that is an
+    error for the caller, not a silent second send."""
+    def answer(n, head, body):
+        return json_answer(200, {"n": n}) if n == 1 else "work-then-close"
+
+    async def scenario(http, url, engine):
+        await http.post(f"{url}/x", json={})
+        with pytest.raises(httpx.RemoteProtocolError):
+            await http.post(f"{url}/x", json={})
+        return len(engine.requests)
+
+    assert run(answer, scenario) == 2
+
+
+def test_a_connection_whose_read_timed_out_as_its_answer_completed_is_not_reused():
+    """The loop stalls past the read deadline while the last chunk arrives: the timer fires after the data. The
+    answer is complete, but the connection carries the timeout and must not serve the next request."""
+    import socket
+    import threading
+    import time
+
+    def engine(listener):
+        first, _ = listener.accept()
+        first.recv(65536)
+        first.sendall(SSE_HEAD)
+        time.sleep(0.15)  # the last piece comes before the 0.2 s deadline, while the loop is stalled
+        first.sendall(chunk(b"hello") + b"0\r\n\r\n")
+        second, _ = listener.accept()  # the next request must come on a new connection
+        second.recv(65536)
+        second.sendall(b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok")
+        time.sleep(0.5)
+        first.close()
+        second.close()
+
+    async def main():
+        listener = socket.create_server(("127.0.0.1", 0))
+        threading.Thread(target=engine, args=(listener,), daemon=True).start()
+        url = f"http://127.0.0.1:{listener.getsockname()[1]}/x"
+        timeout = httpx.Timeout(connect=1.0, read=0.2, write=1.0, pool=1.0)
+        async with httpx.AsyncClient(transport=EngineTransport(max_connections=1), timeout=timeout) as http:
+            async with http.stream("POST", url, json={}) as response:
+                asyncio.get_running_loop().call_later(0.1, time.sleep, 0.3)  # a stalled event loop
+                body = b"".join([piece async for piece in response.stream])
+            second = await http.post(url, json={})
+        listener.close()
+        return body, second.content
+
+    assert asyncio.run(main()) == (b"hello", b"ok")
