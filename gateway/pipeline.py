@@ -109,6 +109,7 @@ async def run_generation(caller: Caller, kind: str, raw_body: bytes) -> HttpResp
         response = StreamingHttpResponse(events, content_type="text/event-stream",
                                          headers={**STREAM_HEADERS, **headers})
         response.events = events  # gateway.asgi sends these itself, past Django's wrapping generators
+        response.relay = relay  # ended at once if the client leaves before the answer starts (gateway.views)
         return response
     return JsonResponse(await relay.collect(), headers=headers)
 

@@ -44,9 +44,10 @@ class Relay:
         """End the request if the stream is not being read within ``deadline_s``: a client that disconnects
         after the view returned but before the server began sending never starts :meth:`events`, whose
         cleanup would then never run."""
-        self._start_timer = asyncio.get_running_loop().call_later(deadline_s, self._abandon_unstarted)
+        self._start_timer = asyncio.get_running_loop().call_later(deadline_s, self.abandon)
 
-    def _abandon_unstarted(self) -> None:
+    def abandon(self) -> None:
+        """End the request now if its stream was never started (the client left before the answer went out)."""
         if not self._started and not self._closed:
             spawn(self._abandon())
 

@@ -2,6 +2,7 @@
 :mod:`gateway.pipeline` and :mod:`gateway.targets`. Every answer is OpenAI-shaped, errors included, and every
 answer to an authenticated caller carries the tenant's x-ratelimit-* headers."""
 
+import asyncio
 import functools
 import logging
 import time
@@ -39,7 +40,13 @@ def openai_endpoint(endpoint: str, method: str):
             except RequestDataTooBig:
                 response = GatewayError(413, "The request body is too large.", code="body_too_large").response()
             if "caller" in state and "x-ratelimit-limit-requests" not in response:
-                await _add_rate_headers(response, state["caller"])
+                try:
+                    await _add_rate_headers(response, state["caller"])
+                except asyncio.CancelledError:  # the client left: an engine stream opened for it ends now
+                    relay = getattr(response, "relay", None)
+                    if relay is not None:
+                        relay.abandon()
+                    raise
             metrics.requests_total.labels(endpoint=endpoint, status=str(response.status_code)).inc()
             if not response.streaming:
                 metrics.request_seconds.labels(endpoint=endpoint).observe(time.monotonic() - started)

@@ -231,3 +231,37 @@ def test_a_non_streaming_request_whose_engine_fails_is_an_error_metered_for_its_
 
     error, finishes = asyncio.run(scenario())
     assert (error.status, error.code) == (502, "engine_failed") and finishes == [("error", 5, 2)]
+
+
+def test_a_client_leaving_while_the_rate_headers_are_added_ends_the_stream_opened_for_it(monkeypatch):
+    """The view opened the engine stream; the client goes away while the endpoint adds its x-ratelimit headers:
+    the engine request ends and is metered now, not at the start deadline."""
+    import pytest
+    from django.http import StreamingHttpResponse
+
+    from gateway import views
+
+    async def leaving(response, caller):
+        raise asyncio.CancelledError
+
+    monkeypatch.setattr(views, "_add_rate_headers", leaving)
+
+    async def scenario():
+        relay, meter, _, stream, replica = await open_relay([engine_chunk("a", 1), DONE], stream=True)
+        response = StreamingHttpResponse(relay.events(), content_type="text/event-stream")
+        response.relay = relay
+
+        async def view(request, state):
+            state["caller"] = "someone"
+            return response
+
+        class Request:
+            method = "POST"
+
+        with pytest.raises(asyncio.CancelledError):
+            await views.openai_endpoint("completions", "POST")(view)(Request())
+        await asyncio.sleep(0.05)
+        return meter.finishes, stream.closed, replica.in_flight
+
+    finishes, closed, in_flight = asyncio.run(scenario())
+    assert finishes == [("cancelled", 0, 0)] and closed and in_flight == 0
