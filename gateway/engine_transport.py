@@ -118,56 +118,24 @@ class EngineTransport(httpx.AsyncBaseTransport):
     async def _exchange(self, conn: _Connection, head: bytes, body: bytes, request: httpx.Request,
                         timeouts: dict) -> httpx.Response:
         loop = asyncio.get_running_loop()
+        sent = None  # when the request was written
         try:
             conn.writer.write(head + body)
             async with asyncio.timeout(timeouts.get("write")):
                 await conn.writer.drain()
-        except TimeoutError:
-            conn.close()
-            raise httpx.WriteTimeout("sending the request to the engine timed out", request=request) from None
-        except (ConnectionResetError, BrokenPipeError):
-            conn.close()
-            raise _NoAnswer() from None  # closed before it could take the request
-        except OSError as exc:
-            conn.close()
-            raise httpx.WriteError(str(exc), request=request) from None
-        except BaseException:
-            conn.close()
-            raise
-        sent = loop.time()
-        try:
+            sent = loop.time()
             async with asyncio.timeout(timeouts.get("read")):
                 raw = await conn.reader.readuntil(b"\r\n\r\n")
-        except asyncio.IncompleteReadError as exc:
-            conn.close()
-            if not exc.partial and loop.time() - sent < _IDLE_CLOSE_RACE_S:
-                raise _NoAnswer() from None
-            raise httpx.RemoteProtocolError("the engine closed the connection before its answer's headers ended",
-                                            request=request) from None
-        except asyncio.LimitOverrunError:
-            conn.close()
-            raise httpx.RemoteProtocolError("the engine's answer headers are too large", request=request) from None
-        except TimeoutError:
-            conn.close()
-            raise httpx.ReadTimeout("the engine did not answer in time", request=request) from None
-        except ConnectionResetError:
-            conn.close()
-            if loop.time() - sent < _IDLE_CLOSE_RACE_S:
-                raise _NoAnswer() from None
-            raise httpx.ReadError("the engine reset the connection", request=request) from None
-        except OSError as exc:
-            conn.close()
-            raise httpx.ReadError(str(exc), request=request) from None
-        except BaseException:
-            conn.close()
-            raise
-        try:
             version, status, headers = _parse_head(raw)
             stream = _Body(self, conn, headers, request, timeouts.get("read"), http_10=version == b"HTTP/1.0",
                            no_body=request.method == "HEAD" or status in (204, 304) or 100 <= status < 200)
-        except ValueError as exc:
+        except BaseException as exc:
             conn.close()
-            raise httpx.RemoteProtocolError(f"malformed answer from the engine: {exc}", request=request) from None
+            idle_close = sent is None or loop.time() - sent < _IDLE_CLOSE_RACE_S
+            error = _exchange_error(exc, request, writing=sent is None, idle_close=idle_close)
+            if error is None:
+                raise
+            raise error from None
         return httpx.Response(status, headers=headers, stream=stream, extensions={"http_version": b"HTTP/1.1"})
 
     def _done(self, conn: _Connection, reusable: bool) -> None:
@@ -189,6 +157,30 @@ class EngineTransport(httpx.AsyncBaseTransport):
 
 class _NoAnswer(Exception):
     """The connection ended before a single byte of the answer."""
+
+
+def _exchange_error(exc: BaseException, request: httpx.Request, *, writing: bool,
+                    idle_close: bool) -> Exception | None:
+    """What a failed exchange raises: httpx's error, _NoAnswer (a kept connection the engine had closed while
+    idle: safe to send again) or None (re-raise ``exc`` as it is: cancellation, a bug)."""
+    if isinstance(exc, TimeoutError):  # before OSError, which it is
+        if writing:
+            return httpx.WriteTimeout("sending the request to the engine timed out", request=request)
+        return httpx.ReadTimeout("the engine did not answer in time", request=request)
+    if isinstance(exc, asyncio.IncompleteReadError):
+        if not exc.partial and idle_close:
+            return _NoAnswer()
+        return httpx.RemoteProtocolError("the engine closed the connection before its answer's headers ended",
+                                         request=request)
+    if isinstance(exc, asyncio.LimitOverrunError):
+        return httpx.RemoteProtocolError("the engine's answer headers are too large", request=request)
+    if isinstance(exc, ValueError):
+        return httpx.RemoteProtocolError(f"malformed answer from the engine: {exc}", request=request)
+    if isinstance(exc, (ConnectionResetError, BrokenPipeError)) and idle_close:
+        return _NoAnswer()
+    if isinstance(exc, OSError):
+        return (httpx.WriteError if writing else httpx.ReadError)(str(exc) or type(exc).__name__, request=request)
+    return None
 
 
 class _Body(httpx.AsyncByteStream):

@@ -59,13 +59,13 @@ class _Plan:
     max_slot: int = -1
 
 
-# The C path (kernels/cpu/lora.c) is taken for at most this many tokens with an adapter, in float32: past that,
-# torch's GEMMs over runs of tokens beat its per-token products.
-_NATIVE_MAX_TOKENS = 512
+# The C path (kernels/cpu/lora.c, float32) and the padded plan are taken for at most this many tokens with an
+# adapter: past that, torch's GEMMs over runs of tokens beat their per-token products and padding.
+_SMALL_BATCH = 512
 
-# The padded plan is taken for at most this many tokens with an adapter, and while its rows stay within
-# _PAD_FACTOR times those tokens (plus _PAD_SLACK): past that, its wasted FLOPs outweigh the calls it saves.
-_PAD_MAX_TOKENS, _PAD_FACTOR, _PAD_SLACK = 512, 4, 256
+# The padded plan is taken while its rows stay within _PAD_FACTOR times the tokens with an adapter (plus
+# _PAD_SLACK): past that, its wasted FLOPs outweigh the calls it saves.
+_PAD_FACTOR, _PAD_SLACK = 4, 256
 
 
 _last_slots: torch.Tensor | None = None
@@ -83,13 +83,13 @@ def _plan(token_slots: torch.Tensor) -> _Plan:
     runs = [(slot, end - count, end) for slot, count, end in zip(values.tolist(), counts.tolist(), ends, strict=True)
             if slot >= 0]
     covers_all = len(runs) == len(values)
-    padded = _padded_plan(slots, runs)
-    native_rows = native_slots = None
+    native_rows = native_slots = padded = None
     num_valid = sum(end - start for _, start, end in runs)
-    if 0 < num_valid <= _NATIVE_MAX_TOKENS:
+    if 0 < num_valid <= _SMALL_BATCH:  # the token rows with an adapter in slot order, for both small-batch paths
         native_rows = torch.nonzero(slots >= 0).squeeze(1)
         native_slots, order = torch.sort(slots.index_select(0, native_rows), stable=True)
         native_rows = native_rows.index_select(0, order)
+        padded = _padded_plan(slots, runs, num_valid, native_rows, native_slots)
     extra = dict(native_rows=native_rows, native_slots=native_slots,
                  max_slot=max((slot for slot, _, _ in runs), default=-1))
     if padded is not None:
@@ -181,24 +181,21 @@ def _expand(y: torch.Tensor, h: torch.Tensor, lora_b: torch.Tensor, scales: torc
     y.index_add_(0, plan.order, delta.to(y.dtype))
 
 
-def _padded_plan(slots: torch.Tensor, runs: list[tuple[int, int, int]]) -> _Padded | None:
-    """The padded plan for ``slots`` (int64, -1 = none) whose runs are ``runs``, or None when it does not pay."""
-    if not runs:
-        return None
-    num_valid = sum(end - start for _, start, end in runs)
+def _padded_plan(slots: torch.Tensor, runs: list[tuple[int, int, int]], num_valid: int, rows: torch.Tensor,
+                 row_slots: torch.Tensor) -> _Padded | None:
+    """The padded plan for ``slots`` (int64, -1 = none) whose runs are ``runs`` and whose ``num_valid`` tokens with
+    an adapter are ``rows`` of slots ``row_slots`` (in slot order), or None when it does not pay."""
     per_slot: dict[int, int] = {}
     for slot, start, end in runs:
         per_slot[slot] = per_slot.get(slot, 0) + end - start
     first, last = min(per_slot), max(per_slot)
     groups, length = last - first + 1, max(per_slot.values())
-    if len(per_slot) < 2 or num_valid > _PAD_MAX_TOKENS or groups * length > _PAD_FACTOR * num_valid + _PAD_SLACK:
+    if len(per_slot) < 2 or groups * length > _PAD_FACTOR * num_valid + _PAD_SLACK:
         return None
     if num_valid == slots.shape[0] and groups * length == num_valid and len(runs) == groups and all(
             slot == first + i and end - start == length for i, (slot, start, end) in enumerate(runs)):
         return _Padded(first, groups, length, None, None, None, None, None)  # x is already the padded layout
-    rows = torch.nonzero(slots >= 0).squeeze(1)  # [num_valid] token rows with an adapter
-    sorted_slots, order = torch.sort(slots.index_select(0, rows) - first, stable=True)
-    rows = rows.index_select(0, order)
+    sorted_slots = row_slots - first
     counts = torch.bincount(sorted_slots, minlength=groups)  # [groups]
     starts = counts.cumsum(0) - counts
     positions = sorted_slots * length + (torch.arange(num_valid) - starts.index_select(0, sorted_slots))
