@@ -73,8 +73,13 @@ def gateway_rows(report: dict) -> list[tuple]:
          f"gateway CPU {report['gateway_cpu_ms_per_request']:.1f} ms/request"),
         ("Gateway: 16 streams (tok/s)", f"{c16['gateway']['tokens_per_s']:.0f}",
          f"engine direct: {c16['direct']['tokens_per_s']:.0f}", f"-{c16['throughput_loss']:.0%}", "< 10% loss",
-         "tiny model, so the gateway's cost shows"),
+         "tiny model, so the gateway's cost shows" + _interval(c16)),
     ]
+
+
+def _interval(block: dict) -> str:
+    interval = block.get("throughput_loss_interval_95")  # absent from results before it was measured
+    return "" if interval is None else f"; loss 95% interval {interval[0]:.0%} to {interval[1]:.0%}"
 
 
 BENCHMARKS = [("throughput", "python -m bench.throughput", throughput_rows),

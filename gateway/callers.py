@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 from gateway.errors import GatewayError
 from tenants.identity import KeyInfo, TenantInfo
-from tenants.key_auth import authenticate_api_key
+from tenants.key_auth import authenticate_api_key, cached_api_key
 from tenants.models import Membership, Scope, Tenant
 from tenants.selectors import quota_effective_async
 
@@ -41,6 +41,13 @@ async def caller_from_key(request) -> Caller:
         code = {"scope": "insufficient_scope", "suspended": "tenant_suspended"}.get(result.reason, "invalid_api_key")
         raise GatewayError(result.status, result.message, code=code)
     return Caller.of_key(result)
+
+
+def provisional_caller(request) -> Caller | None:
+    """The caller behind the key as this process last confirmed it (no I/O), or None when not cached: to start
+    work on while :func:`caller_from_key` confirms it."""
+    key = cached_api_key(bearer_token(request), scope=Scope.INFERENCE)
+    return None if key is None else Caller.of_key(key)
 
 
 async def caller_from_session(request, slug: str) -> Caller:

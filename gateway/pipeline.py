@@ -2,7 +2,8 @@
 
 parse -> resolve the model in the caller's tenant -> pick replicas -> count the prompt on one (``/tokenize``) ->
 choose max_tokens (the tenant's default and limit, the context) -> reserve quota (429 when refused) -> open
-the engine stream (the next replica if one cannot take it) -> relay, metering exactly once.
+the engine stream (the next replica if one cannot take it) -> relay, metering exactly once. With a key cached
+in this process, the steps up to the count run while its check in Redis confirms it (gateway.views).
 """
 
 import asyncio
@@ -10,6 +11,7 @@ import hashlib
 import hmac
 import time
 import uuid
+from collections.abc import Awaitable, Callable
 
 from django.conf import settings
 from django.http import HttpResponse, JsonResponse, StreamingHttpResponse
@@ -75,8 +77,17 @@ async def reserve_quota(caller: Caller, parsed: InferenceRequest, prompt_tokens:
     return outcome
 
 
-async def run_generation(caller: Caller, kind: str, raw_body: bytes) -> HttpResponse:
-    """The response to a completion (``kind="completion"``) or chat request; GatewayError for a refusal."""
+class CallerChanged(Exception):
+    """The confirmed caller differs from the provisional one the request began with (its key or tenant changed
+    meanwhile): nothing was reserved, the request is to be answered again with the confirmed caller."""
+
+
+async def run_generation(caller: Caller, kind: str, raw_body: bytes,
+                         confirm: Callable[[], Awaitable[Caller]] | None = None) -> HttpResponse:
+    """The response to a completion (``kind="completion"``) or chat request; GatewayError for a refusal.
+
+    ``caller`` may be provisional (the key from the local cache): ``confirm`` then gives the confirmed caller
+    (or raises the key's 401/403), awaited after the prompt is counted and before anything is reserved."""
     started = time.monotonic()
     request_id = f"{'chatcmpl' if kind == 'chat' else 'cmpl'}-{uuid.uuid4().hex}"
     parsed = parse_request(kind, raw_body)
@@ -86,6 +97,8 @@ async def run_generation(caller: Caller, kind: str, raw_body: bytes) -> HttpResp
     counts, max_model_len = await count_prompt(upstream, candidates, parsed.tokenize_bodies(), parsed.model,
                                                request_id)
     budget = completion_budget(caller.tenant.quota, parsed, counts, max_model_len)
+    if confirm is not None and await confirm() != caller:
+        raise CallerChanged
     meter = await _admit(caller, parsed, target, sum(counts), budget, request_id, started)
     body = parsed.engine_body(engine_model=target.engine_model, max_tokens=budget,
                               adapter=target.adapter.source() if target.adapter else None,

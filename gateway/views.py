@@ -12,7 +12,7 @@ from django.http import HttpResponse, JsonResponse
 from django.views.decorators.csrf import csrf_exempt
 
 from gateway import metrics
-from gateway.callers import Caller, caller_from_key, caller_from_session
+from gateway.callers import Caller, caller_from_key, caller_from_session, provisional_caller
 from gateway.errors import GatewayError
 from gateway.pipeline import run_generation
 from gateway.targets import model_detail, model_list
@@ -68,7 +68,28 @@ async def _add_rate_headers(response: HttpResponse, caller: Caller) -> None:
 
 
 async def _generate(request, state: dict, kind: str) -> HttpResponse:
-    state["caller"] = await caller_from_key(request)
+    provisional = provisional_caller(request)
+    if provisional is None:  # not cached in this process: confirmed first, as on every other endpoint
+        state["caller"] = await caller_from_key(request)
+        return await run_generation(state["caller"], kind, request.body)
+    # The key's check (a Redis read) runs while the prompt is parsed, resolved and counted. Nothing is reserved
+    # and no answer goes out before it confirms the cached key: an error found meanwhile waits for it too, and
+    # gives way to the key's own 401/403.
+    confirmation = asyncio.ensure_future(caller_from_key(request))
+
+    async def confirm() -> Caller:
+        state["caller"] = await confirmation
+        return state["caller"]
+
+    try:
+        return await run_generation(provisional, kind, request.body, confirm=confirm)
+    except asyncio.CancelledError:
+        confirmation.cancel()
+        raise
+    except Exception:
+        if await confirm() == provisional:
+            raise
+    # The key or its tenant changed since it was cached (a quota, its adapters): answered as it is now.
     return await run_generation(state["caller"], kind, request.body)
 
 

@@ -10,6 +10,9 @@ counts again from 1 cannot look unchanged to a process holding an old "1".
     if isinstance(result, AuthFailure):                      # result.status is 401 or 403, result.message says why
         ...
     key_info.tenant.quota, key_info.allows_adapter(name)     # see tenants.identity.KeyInfo
+
+`cached_api_key(raw_key)` is the same answer from the local cache without the Redis read, or None: provisional,
+for work that may start while `authenticate_api_key` confirms it (the gateway counts the prompt meanwhile).
 """
 
 import asyncio
@@ -74,6 +77,20 @@ class KeyAuthenticator:
             return AuthFailure.of("scope", scope)
         await self._touch(result.key_id, now)
         return result
+
+    def cached(self, raw_key: str | None, *, scope: str | None = "inference") -> KeyInfo | None:
+        """The key's KeyInfo as this process last confirmed it, without any I/O; None when it is not cached (or
+        stale, failing, expired, lacking ``scope``). Provisional: a change committed elsewhere shows only in
+        :meth:`authenticate`, which must confirm it before anything is reserved or answered on its strength."""
+        if self._generation is None or _shape_failure(raw_key) is not None:
+            return None
+        entry = self._entries.get(hashlib.sha256(raw_key.encode()).hexdigest())
+        if entry is None or self.clock() - entry.loaded_at > self.ttl_s or not isinstance(entry.result, KeyInfo):
+            return None
+        result = entry.result
+        if result.expires_at is not None and result.expires_at <= timezone.now():
+            return None
+        return result if scope is None or result.has_scope(scope) else None
 
     async def _follow_generation(self) -> None:
         generation = await self.redis.get(AUTH_GENERATION_KEY)
@@ -159,6 +176,11 @@ def default_authenticator() -> KeyAuthenticator:
         authenticator = KeyAuthenticator(loop_redis(), ttl_s=settings.API_KEY_CACHE_TTL_S)
         _authenticators[loop] = authenticator
     return authenticator
+
+
+def cached_api_key(raw_key: str | None, *, scope: str | None = "inference") -> KeyInfo | None:
+    """This process's cached KeyInfo for the key, unconfirmed (see KeyAuthenticator.cached), or None."""
+    return default_authenticator().cached(raw_key, scope=scope)
 
 
 async def authenticate_api_key(raw_key: str | None, *, scope: str | None = "inference") -> KeyInfo | AuthFailure:

@@ -163,6 +163,32 @@ def test_bad_keys_are_refused_in_openai_shape(stack):
         openai_client(stack, expiring).models.list()
 
 
+def test_a_key_the_gateway_has_cached_is_confirmed_before_any_answer(stack):
+    """The gateway counts a cached key's prompt while Redis confirms the key: a quota changed meanwhile applies at
+    once, and a tenant suspended or a key revoked meanwhile gets its 403/401 whatever else the request got wrong."""
+    tenant, key = tenant_with_key()
+    client = openai_client(stack, key)
+    client.completions.create(model="tiny", prompt="a cat", max_tokens=2)  # now cached by the gateway
+    services.quota_set(tenant=tenant, changes={**GENEROUS, "max_tokens_limit": 3, "default_max_tokens": 3})
+    with pytest.raises(openai.BadRequestError) as over_limit:
+        client.completions.create(model="tiny", prompt="a cat", max_tokens=4)
+    assert over_limit.value.body["param"] == "max_tokens" and "3" in over_limit.value.message
+    requests = [dict(model="tiny", prompt="a cat", max_tokens=2), dict(model="no-such-model", prompt="a cat"),
+                dict(model="tiny", prompt="a cat", max_tokens=2, extra_body={"tools": []}),
+                dict(model="tiny", prompt="a cat", max_tokens=2, stream=True)]
+    services.tenant_set_status(tenant=tenant, status="suspended")
+    for request in requests:
+        with pytest.raises(openai.PermissionDeniedError):
+            client.completions.create(**request)
+    services.tenant_set_status(tenant=tenant, status="active")
+    client.completions.create(model="tiny", prompt="a cat", max_tokens=2)
+    services.api_key_revoke(tenant=tenant, key=TenantAPIKey.objects.get(prefix=key.partition(".")[0]))
+    for request in requests:
+        with pytest.raises(openai.AuthenticationError):
+            client.completions.create(**request)
+    assert len(usage_rows(tenant, 2)) == 2  # the two that were answered; the refused ones reserved nothing
+
+
 def test_metrics_have_no_tenant_key_or_adapter_labels(stack):
     tenant, key = tenant_with_key()
     ready_adapter(tenant, "labelled-bot")

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 import redis.asyncio as aioredis
-from asgiref.sync import async_to_sync
+from asgiref.sync import async_to_sync, sync_to_async
 from django.conf import settings
 from django.db import connection
 from django.utils import timezone
@@ -102,6 +102,44 @@ def test_scope_is_enforced(redis_db):
     _, raw = services.api_key_create(tenant=TenantFactory(), name="k", scopes=[Scope.MANAGE])
     (result,), _ = authenticate_in_process(raw)
     assert isinstance(result, AuthFailure) and (result.reason, result.status) == ("scope", 403)
+
+
+@pytest.mark.django_db(transaction=True)  # the change's generation bump runs on commit
+def test_the_cache_answers_without_io_only_what_it_last_confirmed(redis_db):
+    tenant = TenantFactory()
+    _, raw = services.api_key_create(tenant=tenant, name="k", scopes=["inference"])
+    _, manage = services.api_key_create(tenant=tenant, name="m", scopes=[Scope.MANAGE])
+    now = [0.0]
+
+    async def main():
+        client = aioredis.Redis.from_url(settings.REDIS_URL)
+        authenticator = KeyAuthenticator(client, ttl_s=60, clock=lambda: now[0])
+        try:
+            seen = [authenticator.cached(raw)]  # nothing confirmed yet
+            await authenticator.authenticate(raw)
+            await authenticator.authenticate("nope.nope")
+            await authenticator.authenticate(manage, scope=Scope.MANAGE)
+            seen += [authenticator.cached(raw), authenticator.cached("nope.nope"), authenticator.cached(manage),
+                     authenticator.cached(manage, scope=Scope.MANAGE), authenticator.cached(None),
+                     authenticator.cached("malformed")]
+            await sync_to_async(services.tenant_set_status)(tenant=tenant, status="suspended")
+            seen.append(authenticator.cached(raw))  # provisional: the change shows only once confirmed
+            seen.append(await authenticator.authenticate(raw))
+            seen.append(authenticator.cached(raw))
+            await sync_to_async(services.tenant_set_status)(tenant=tenant, status="active")
+            await authenticator.authenticate(raw)
+            now[0] = 61.0
+            seen.append(authenticator.cached(raw))  # past the cache's lifetime
+            return seen
+        finally:
+            await client.aclose()
+
+    (before, valid, unknown, wrong_scope, other_scope, missing, malformed, suspended_cached, suspended,
+     after_suspension, expired) = async_to_sync(main)()
+    assert before is None and unknown is None and wrong_scope is None and missing is None and malformed is None
+    assert isinstance(valid, KeyInfo) and isinstance(other_scope, KeyInfo) and suspended_cached == valid
+    assert isinstance(suspended, AuthFailure) and suspended.reason == "suspended"
+    assert after_suspension is None and expired is None
 
 
 class Gateway:
