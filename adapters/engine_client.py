@@ -18,12 +18,13 @@ RETRYABLE_STATUSES = (429, 502, 503, 504)
 class EngineError(Exception):
     """An engine refused or could not be reached. ``status`` is None when no HTTP answer came back."""
 
-    def __init__(self, status: int | None, code: str, message: str, url: str = ""):
+    def __init__(self, status: int | None, code: str, message: str, url: str = "", param: str | None = None):
         super().__init__(f"{code}: {message}")
         self.status = status
         self.code = code
         self.message = message
         self.url = url
+        self.param = param  # the request field the engine named, if any
 
     @property
     def retryable(self) -> bool:
@@ -41,8 +42,9 @@ class EngineError(Exception):
             error = {}
         code = error.get("code") if isinstance(error.get("code"), str) and error.get("code") else None
         message = error.get("message") if isinstance(error.get("message"), str) else response.text[:500]
+        param = error.get("param") if isinstance(error.get("param"), str) else None
         return cls(response.status_code, code or f"engine_http_{response.status_code}",
-                   f"engine answered {response.status_code}: {message}", str(response.request.url))
+                   f"engine answered {response.status_code}: {message}", str(response.request.url), param)
 
     @classmethod
     def from_transport(cls, url: str, exc: httpx.TransportError) -> "EngineError":

@@ -3,6 +3,15 @@
 import math
 from dataclasses import dataclass
 
+
+class SamplingParamError(ValueError):
+    """A field of SamplingParams out of its range; ``param`` names the field."""
+
+    def __init__(self, param: str, message: str):
+        super().__init__(message)
+        self.param = param
+
+
 # Temperatures below this are greedy (argmax): dividing logits by ~0 would overflow.
 GREEDY_EPSILON = 1e-5
 MAX_LOGPROBS = 20
@@ -40,7 +49,7 @@ class SamplingParams:
         _check_float("temperature", self.temperature, 0.0, None)
         _check_float("top_p", self.top_p, 0.0, 1.0)
         if self.top_p <= 0.0:
-            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
+            raise SamplingParamError("top_p", f"top_p must be in (0, 1], got {self.top_p}")
         _check_int("top_k", self.top_k, minimum=-1)
         if self.top_k == 0:  # OpenAI-style clients send 0 for "off"
             self.top_k = -1
@@ -49,20 +58,22 @@ class SamplingParams:
         _check_float("frequency_penalty", self.frequency_penalty, -2.0, 2.0)
         _check_float("repetition_penalty", self.repetition_penalty, 0.0, None)
         if self.repetition_penalty <= 0.0:
-            raise ValueError(f"repetition_penalty must be > 0, got {self.repetition_penalty}")
+            raise SamplingParamError("repetition_penalty",
+                                    f"repetition_penalty must be > 0, got {self.repetition_penalty}")
         if self.seed is not None:
             _check_int("seed", self.seed, minimum=-(2**63))
         if self.max_tokens is not None:
             _check_int("max_tokens", self.max_tokens, minimum=1)
         _check_int("min_tokens", self.min_tokens, minimum=0)
         if self.max_tokens is not None and self.min_tokens > self.max_tokens:
-            raise ValueError(f"min_tokens ({self.min_tokens}) must be <= max_tokens ({self.max_tokens})")
+            raise SamplingParamError(
+                "min_tokens", f"min_tokens ({self.min_tokens}) must be <= max_tokens ({self.max_tokens})")
         self.stop = _stop_strings(self.stop)
         self.stop_token_ids = _stop_token_ids(self.stop_token_ids)
         if self.logprobs is not None:
             _check_int("logprobs", self.logprobs, minimum=0)
             if self.logprobs > MAX_LOGPROBS:
-                raise ValueError(f"logprobs must be <= {MAX_LOGPROBS}, got {self.logprobs}")
+                raise SamplingParamError("logprobs", f"logprobs must be <= {MAX_LOGPROBS}, got {self.logprobs}")
 
     @property
     def is_greedy(self) -> bool:
@@ -75,15 +86,15 @@ class SamplingParams:
 
 def _check_int(name: str, value, *, minimum: int) -> None:
     if type(value) is not int or value < minimum:
-        raise ValueError(f"{name} must be an int >= {minimum}, got {value!r}")
+        raise SamplingParamError(name, f"{name} must be an int >= {minimum}, got {value!r}")
 
 
 def _check_float(name: str, value, low: float | None, high: float | None) -> None:
     if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
-        raise ValueError(f"{name} must be a finite number, got {value!r}")
+        raise SamplingParamError(name, f"{name} must be a finite number, got {value!r}")
     if (low is not None and value < low) or (high is not None and value > high):
         bounds = f"[{low}, {high}]" if high is not None else f">= {low}"
-        raise ValueError(f"{name} must be in {bounds}, got {value}")
+        raise SamplingParamError(name, f"{name} must be in {bounds}, got {value}")
 
 
 def _stop_strings(stop) -> list[str]:
@@ -91,7 +102,7 @@ def _stop_strings(stop) -> list[str]:
         return []
     values = [stop] if isinstance(stop, str) else stop
     if not isinstance(values, list | tuple) or not all(isinstance(s, str) and s for s in values):
-        raise ValueError(f"stop must be a non-empty string or a list of them, got {stop!r}")
+        raise SamplingParamError("stop", f"stop must be a non-empty string or a list of them, got {stop!r}")
     return list(values)
 
 
@@ -99,5 +110,5 @@ def _stop_token_ids(ids) -> list[int]:
     if ids is None:
         return []
     if not isinstance(ids, list | tuple) or not all(type(i) is int and i >= 0 for i in ids):
-        raise ValueError(f"stop_token_ids must be a list of non-negative ints, got {ids!r}")
+        raise SamplingParamError("stop_token_ids", f"stop_token_ids must be a list of non-negative ints, got {ids!r}")
     return list(ids)

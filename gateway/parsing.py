@@ -48,6 +48,7 @@ class InferenceRequest:
     max_tokens: int | None  # the completion budget the client asked for (None: the tenant's default)
     n: int
     prompts: list  # completion: each prompt (a string or token ids); chat: empty
+    max_tokens_field: str = "max_tokens"  # the field max_tokens came from (chat: or max_completion_tokens)
 
     @property
     def num_choices(self) -> int:
@@ -74,8 +75,10 @@ class InferenceRequest:
 def parse_request(kind: str, raw: bytes) -> InferenceRequest:
     try:
         body = json.loads(raw)
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+    except ValueError as exc:  # bad JSON or bad UTF-8; also an integer of more than 4300 digits
         raise bad_request(f"The body is not valid JSON: {exc}", code="invalid_json") from None
+    except RecursionError:
+        raise bad_request("The body is not valid JSON: nested too deeply.", code="invalid_json") from None
     if not isinstance(body, dict):
         raise bad_request("The body must be a JSON object.", code="invalid_json")
     _check_fields(body, _SPECS[kind])
@@ -85,17 +88,20 @@ def parse_request(kind: str, raw: bytes) -> InferenceRequest:
             raise bad_request(f"Missing required parameter: '{name}'.", param=name, code="missing_required_parameter")
     stream = bool(body.get("stream"))
     include_usage, continuous = _stream_options(body, stream)
-    max_tokens = body.get("max_completion_tokens", body.get("max_tokens")) if kind == "chat" else body.get(
-        "max_tokens")
+    # vLLM's reading for chat: max_completion_tokens when given (not null), else max_tokens
+    budget_field = "max_completion_tokens" if kind == "chat" and body.get("max_completion_tokens") is not None \
+        else "max_tokens"
+    max_tokens = body.get(budget_field)
     if max_tokens is not None and max_tokens < 1:
-        raise bad_request("'max_tokens' must be a positive integer.", param="max_tokens")
+        raise bad_request(f"'{budget_field}' must be a positive integer.", param=budget_field)
     n = body.get("n") or 1
     prompts = _prompts(body["prompt"]) if kind == "completion" else []
     if kind == "chat" and not body["messages"]:
         raise bad_request("'messages' must not be empty.", param="messages")
     if n < 1 or max(1, len(prompts)) * n > MAX_CHOICES:
         raise bad_request(f"'n' times the number of prompts must be between 1 and {MAX_CHOICES}.", param="n")
-    return InferenceRequest(kind, body, body["model"], stream, include_usage, continuous, max_tokens, n, prompts)
+    return InferenceRequest(kind, body, body["model"], stream, include_usage, continuous, max_tokens, n, prompts,
+                            budget_field)
 
 
 def _check_fields(body: dict, spec: dict) -> None:

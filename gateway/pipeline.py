@@ -46,7 +46,7 @@ def completion_budget(quota: EffectiveQuota, parsed: InferenceRequest, prompt_co
     try:
         budget = quota.resolve_max_tokens(parsed.max_tokens)
     except ValueError as exc:
-        raise bad_request(f"{exc}.", param="max_tokens", code="max_tokens_over_limit") from None
+        raise bad_request(f"{exc}.", param=parsed.max_tokens_field, code="max_tokens_over_limit") from None
     longest = max(prompt_counts)
     room = max_model_len - longest
     if parsed.max_tokens is None:
@@ -56,7 +56,8 @@ def completion_budget(quota: EffectiveQuota, parsed: InferenceRequest, prompt_co
             f"This model's maximum context length is {max_model_len} tokens. However, you requested "
             f"{longest + max(budget, 1)} tokens ({longest} in the prompt, {max(budget, 1)} for the completion). "
             "Please reduce the prompt or the completion length.",
-            param="messages" if parsed.kind == "chat" else "max_tokens", code="context_length_exceeded")
+            param="messages" if parsed.kind == "chat" else "prompt" if longest >= max_model_len else "max_tokens",
+            code="context_length_exceeded")
     return budget
 
 

@@ -94,11 +94,12 @@ async def on_first_available(candidates: list[Replica], attempt):
 def engine_error(exc: EngineError, model: str) -> GatewayError:
     """An engine's refusal of a request as the client's error."""
     if exc.status == 400:
-        return bad_request(exc.message.split(": ", 1)[-1], code=exc.code)
+        return bad_request(exc.message.split(": ", 1)[-1], code=exc.code, param=exc.param)
     if exc.status == 404:
         return model_not_found(model)
     if exc.status == 413:
-        return bad_request(exc.message.split(": ", 1)[-1], code="context_length_exceeded", param="max_tokens")
+        return bad_request(exc.message.split(": ", 1)[-1], code="context_length_exceeded",
+                           param=exc.param or "max_tokens")
     metrics.engine_errors_total.labels(kind=f"http_{exc.status}").inc()
     logger.error("engine refused a request: %s", exc)
     code = "model_unavailable" if exc.status == 422 else "engine_error"

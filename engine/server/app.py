@@ -50,8 +50,10 @@ async def _json_body(request: Request) -> dict:
         raise APIError(413, f"request body over {MAX_BODY_BYTES} bytes", code="body_too_large")
     try:
         body = json.loads(raw)
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+    except ValueError as exc:  # bad JSON or bad UTF-8; also an integer of more than 4300 digits
         raise bad_request(f"the body is not valid JSON: {exc}", code="invalid_json") from None
+    except RecursionError:
+        raise bad_request("the body is not valid JSON: nested too deeply", code="invalid_json") from None
     if not isinstance(body, dict):
         raise bad_request("the body must be a JSON object", code="invalid_json")
     return body
@@ -59,7 +61,13 @@ async def _json_body(request: Request) -> dict:
 
 def _request_id(request: Request) -> str:
     given = request.headers.get("x-request-id", "")
-    return given if 0 < len(given) <= 128 and given.isprintable() else f"req-{uuid.uuid4().hex}"
+    if 0 < len(given) <= 128 and given.isprintable():
+        return given
+    prefix = _ID_PREFIXES.get(request.url.path, "req")  # OpenAI's: the response id is the request id
+    return f"{prefix}-{uuid.uuid4().hex}"
+
+
+_ID_PREFIXES = {"/v1/completions": "cmpl", "/v1/chat/completions": "chatcmpl"}
 
 
 class AuthAndErrors:
@@ -172,6 +180,7 @@ async def _generate(request: Request, parsed: GenerationRequest) -> Response:
         prompt_ids = [state.model.encode_chat(parsed.messages)]
     else:
         prompt_ids = [state.model.encode_prompt(p) for p in parsed.prompts]
+    state.model.check_prompt_ids(parsed, prompt_ids)
     params = state.model.sampling_params(parsed, prompt_ids)
     run = RequestState(parsed, request_id, int(time.time()), prompt_tokens=sum(len(p) for p in prompt_ids))
     if parsed.kind == "chat":
@@ -196,9 +205,11 @@ async def _generate(request: Request, parsed: GenerationRequest) -> Response:
 
 
 async def _merged_outputs(state: ServerState, request_id: str, prompt_ids: list[list[int]], params, lora_request):
-    """One engine request per prompt (``id``, ``id-1``, ...), their outputs merged as (prompt index, completion)."""
+    """One engine request per prompt (``id``, ``id<US>1``, ...), their outputs merged as (prompt index, completion).
+    The separator is the non-printable unit separator, which no request id taken from a client holds, so another
+    request's ``X-Request-Id`` can never name one of these."""
     queue: asyncio.Queue = asyncio.Queue()
-    sub_ids = [request_id if i == 0 else f"{request_id}-{i}" for i in range(len(prompt_ids))]
+    sub_ids = [request_id if i == 0 else f"{request_id}\x1f{i}" for i in range(len(prompt_ids))]
 
     async def pump(index: int, sub_id: str) -> None:
         try:

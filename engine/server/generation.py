@@ -20,6 +20,7 @@ class ChoiceState:
     sent_text: str = ""
     num_tokens: int = 0
     num_logprobs_sent: int = 0
+    logprobs_text_offset: int = 0  # the completions' text_offset of the next token with logprobs
     finish_reason: str | None = None
 
 
@@ -48,25 +49,35 @@ def _object(kind: str, stream: bool) -> str:
     return "text_completion"
 
 
-def _logprobs_payload(kind: str, tokenizer, entries: list) -> dict:
-    """``entries``: per generated token, ``{token_id: logprob}`` with the sampled token first."""
+def _logprobs_payload(kind: str, tokenizer, entries: list, k: int, text_offset: int = 0) -> dict:
+    """``entries``: per generated token, ``{token_id: logprob}`` with the sampled token first, then the top ``k``
+    (the sampled one only once: ``k`` entries when it is among them, ``k + 1`` otherwise). Chat's ``top_logprobs``
+    are the top ``k`` alone (OpenAI); the completions' legacy ``top_logprobs`` hold the sampled token too ("up to
+    logprobs + 1 elements"). ``text_offset``: where the first entry's token starts in the completion's text."""
     if kind == "chat":
         content = []
         for entry in entries:
             items = list(entry.items())
             token_id, logprob = items[0]
-            content.append({
-                "token": tokenizer.decode([token_id]), "logprob": logprob, "bytes": None,
-                "top_logprobs": [{"token": tokenizer.decode([t]), "logprob": lp, "bytes": None} for t, lp in items[1:]],
-            })
+            top = sorted(items[1:] if len(items) > k else items, key=lambda item: -item[1])
+            content.append({**_token_logprob(tokenizer, token_id, logprob),
+                            "top_logprobs": [_token_logprob(tokenizer, t, lp) for t, lp in top]})
         return {"content": content}
-    tokens, token_logprobs, top = [], [], []
+    tokens, token_logprobs, top, offsets = [], [], [], []
     for entry in entries:
         items = list(entry.items())
-        tokens.append(tokenizer.decode([items[0][0]]))
+        token = tokenizer.decode([items[0][0]])
+        tokens.append(token)
         token_logprobs.append(items[0][1])
-        top.append({tokenizer.decode([t]): lp for t, lp in items[1:]} or None)
-    return {"tokens": tokens, "token_logprobs": token_logprobs, "top_logprobs": top, "text_offset": []}
+        top.append({tokenizer.decode([t]): lp for t, lp in items})
+        offsets.append(text_offset)
+        text_offset += len(token)
+    return {"tokens": tokens, "token_logprobs": token_logprobs, "top_logprobs": top, "text_offset": offsets}
+
+
+def _token_logprob(tokenizer, token_id: int, logprob: float) -> dict:
+    token = tokenizer.decode([token_id])
+    return {"token": token, "logprob": logprob, "bytes": list(token.encode("utf-8", errors="replace"))}
 
 
 def choice_delta(state: RequestState, prompt_index: int, completion, tokenizer) -> dict | None:
@@ -82,7 +93,11 @@ def choice_delta(state: RequestState, prompt_index: int, completion, tokenizer) 
     if state.request.logprobs is not None and completion.logprobs:
         fresh = completion.logprobs[choice.num_logprobs_sent:]
         choice.num_logprobs_sent = len(completion.logprobs)
-        logprobs = _logprobs_payload(state.request.kind, tokenizer, fresh) if fresh else None
+        if fresh:
+            logprobs = _logprobs_payload(state.request.kind, tokenizer, fresh, state.request.logprobs,
+                                         choice.logprobs_text_offset)
+            if "tokens" in logprobs:
+                choice.logprobs_text_offset += sum(len(token) for token in logprobs["tokens"])
     if not delta_text and new_finish is None and logprobs is None:
         return None
     finish = _finish_reason(new_finish)
@@ -137,7 +152,7 @@ def full_response(state: RequestState, finals: dict[int, object], tokenizer) -> 
         state.choices[index] = ChoiceState(index, completion.text, len(completion.token_ids))
         logprobs = None
         if request.logprobs is not None and completion.logprobs:
-            logprobs = _logprobs_payload(request.kind, tokenizer, completion.logprobs)
+            logprobs = _logprobs_payload(request.kind, tokenizer, completion.logprobs, request.logprobs)
         finish = _finish_reason(completion.finish_reason) or "stop"
         if request.kind == "chat":
             choices.append({"index": index, "message": {"role": "assistant", "content": completion.text},

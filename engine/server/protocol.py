@@ -71,13 +71,23 @@ def _check_fields(body: dict, spec: dict) -> None:
             raise bad_request(f"'{name}' has the wrong type ({type(value).__name__})", param=name)
 
 
+def _text(value: str, param: str) -> str:
+    """``value`` if it is text that can be encoded: JSON's ``\\ud800`` escapes decode to lone surrogates, which no
+    tokenizer takes."""
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        raise bad_request(f"'{param}' is not valid Unicode text (it holds a lone surrogate)", param=param) from None
+    return value
+
+
 def _stop(value) -> list[str] | None:
     if value is None:
         return None
     stops = [value] if isinstance(value, str) else value
     if not all(isinstance(s, str) and s for s in stops) or len(stops) > 16:
         raise bad_request("'stop' must be a non-empty string or a list of up to 16 of them", param="stop")
-    return stops
+    return [_text(s, "stop") for s in stops]
 
 
 def parse_adapter(value: dict | None) -> AdapterSource | None:
@@ -117,16 +127,19 @@ def _stream_options(body: dict) -> tuple[bool, bool]:
     unknown = set(options) - {"include_usage", "continuous_usage_stats"}
     if unknown:
         raise bad_request(f"unknown field 'stream_options.{sorted(unknown)[0]}'", param="stream_options")
-    return bool(options.get("include_usage")), bool(options.get("continuous_usage_stats"))
+    for name, value in options.items():
+        if not isinstance(value, bool):
+            raise bad_request(f"'stream_options.{name}' must be a boolean", param=f"stream_options.{name}")
+    return options.get("include_usage", False), options.get("continuous_usage_stats", False)
 
 
 def _prompts(value) -> list[str | list[int]]:
     if isinstance(value, str):
-        return [value]
+        return [_text(value, "prompt")]
     if value and all(isinstance(t, int) and not isinstance(t, bool) for t in value):
         return [value]
     if value and all(isinstance(p, str) for p in value):
-        return list(value)
+        return [_text(p, "prompt") for p in value]
     if value and all(isinstance(p, list) and p and all(isinstance(t, int) for t in p) for p in value):
         return list(value)
     raise bad_request("'prompt' must be a string, a list of strings, or token ids", param="prompt")
@@ -140,7 +153,10 @@ def parse_completion(body: dict) -> GenerationRequest:
         raise bad_request("'echo' is not supported by this server", param="echo", code="unsupported_field")
     if body.get("suffix"):
         raise bad_request("'suffix' is not supported by this server", param="suffix", code="unsupported_field")
-    if body.get("best_of") not in (None, 1, body.get("n", 1)):
+    best_of, n = body.get("best_of"), body.get("n") or 1
+    if best_of is not None and best_of < n:
+        raise bad_request(f"'best_of' ({best_of}) must be at least 'n' ({n})", param="best_of")
+    if best_of is not None and best_of != n:
         raise bad_request("'best_of' other than n is not supported", param="best_of", code="unsupported_field")
     logprobs = body.get("logprobs")
     if logprobs is not None and not 0 <= logprobs <= MAX_LOGPROBS:
@@ -168,6 +184,7 @@ def _messages(value: list) -> list[dict]:
             content = "".join(p["text"] for p in content)
         if not isinstance(content, str):
             raise bad_request(f"messages[{i}].content must be a string", param=f"messages[{i}].content")
+        _text(content, f"messages[{i}].content")
         value[i] = {"role": "system" if message["role"] == "developer" else message["role"], "content": content}
     return value
 
@@ -184,7 +201,9 @@ def parse_chat(body: dict) -> GenerationRequest:
     if top is not None and (not body.get("logprobs") or not 0 <= top <= MAX_LOGPROBS):
         raise bad_request(f"'top_logprobs' needs 'logprobs': true and 0..{MAX_LOGPROBS}", param="top_logprobs")
     logprobs = (top or 0) if body.get("logprobs") else None
-    max_tokens = body.get("max_completion_tokens", body.get("max_tokens"))
+    # vLLM's reading: max_completion_tokens when given (not null), else max_tokens
+    max_tokens = body["max_completion_tokens"] if body.get("max_completion_tokens") is not None \
+        else body.get("max_tokens")
     include_usage, continuous = _stream_options(body)
     return GenerationRequest(
         "chat", body["model"], [], _messages(body["messages"]), _sampling(body, max_tokens, logprobs),

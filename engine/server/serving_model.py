@@ -53,7 +53,7 @@ class ServingModel:
 
     def sampling_params(self, parsed: GenerationRequest, prompt_ids: list[list[int]]) -> list:
         """One SamplingParams per prompt; 413 when a prompt and its max_tokens cannot fit the context."""
-        from engine.sampling_params import SamplingParams
+        from engine.sampling_params import SamplingParamError, SamplingParams
 
         params = []
         for ids in prompt_ids:
@@ -67,12 +67,24 @@ class ServingModel:
             elif kwargs["max_tokens"] > room:
                 raise APIError(413, f"prompt ({len(ids)} tokens) + max_tokens ({kwargs['max_tokens']}) is over the "
                                     f"context of {self.max_model_len} tokens", code="context_length_exceeded",
-                               param="max_tokens")
+                               param=_client_field(parsed, "max_tokens"))
             try:
                 params.append(SamplingParams(**kwargs))
+            except SamplingParamError as exc:
+                raise bad_request(str(exc), param=_client_field(parsed, exc.param)) from None
             except (TypeError, ValueError) as exc:
                 raise bad_request(str(exc)) from None
         return params
+
+    def check_prompt_ids(self, parsed: GenerationRequest, prompt_ids: list[list[int]]) -> None:
+        """400 naming the field for a prompt the engine would refuse: empty, or token ids outside the vocabulary."""
+        param = "messages" if parsed.kind == "chat" else "prompt"
+        vocab = self.async_engine.engine.model_config.vocab_size
+        for ids in prompt_ids:
+            if not ids:
+                raise bad_request(f"'{param}' is empty: at least one token is needed", param=param)
+            if not all(type(t) is int and 0 <= t < vocab for t in ids):
+                raise bad_request(f"'{param}' token ids must be integers in [0, {vocab})", param=param)
 
     # ---------------------------------------------------------------- adapters
 
@@ -136,3 +148,12 @@ class ServingModel:
         if not self.lora_enabled:
             return []
         return await self.async_engine.call(lambda engine: engine.list_adapters())
+
+
+def _client_field(parsed: GenerationRequest, param: str) -> str:
+    """The request's own name for a SamplingParams field (chat's top_logprobs, max_completion_tokens)."""
+    if parsed.kind == "chat" and param == "logprobs":
+        return "top_logprobs"
+    if param == "max_tokens" and parsed.raw.get("max_completion_tokens") is not None:
+        return "max_completion_tokens"
+    return param

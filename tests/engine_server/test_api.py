@@ -183,3 +183,109 @@ def test_64_concurrent_streams_complete_with_exact_counts(engine_server):
 
     results = asyncio.run(run())
     assert all(got == want for got, want in results)
+
+
+def _error(response: httpx.Response) -> tuple[int, str | None, str | None]:
+    error = response.json()["error"]
+    return response.status_code, error["param"], error["code"]
+
+
+def test_text_that_cannot_be_tokenized_and_pathological_json_are_400s(engine_server):
+    surrogate = b'"\\ud800 abc"'  # valid JSON, decodes to a lone surrogate no tokenizer takes
+    chat = b'{"model":"tiny","max_tokens":2,"messages":[{"role":"user","content":%s}]}' % surrogate
+    with engine_server.client() as http:
+        post = lambda path, raw: http.post(path, content=raw, headers={"Content-Type": "application/json"})
+        assert _error(post("/v1/completions", b'{"model":"tiny","max_tokens":2,"prompt":%s}' % surrogate)) == (
+            400, "prompt", "invalid_request")
+        assert _error(post("/v1/completions", b'{"model":"tiny","max_tokens":2,"prompt":["ok",%s]}' % surrogate))[1] \
+            == "prompt"
+        assert _error(post("/v1/chat/completions", chat))[:2] == (400, "messages[0].content")
+        assert _error(post("/v1/completions", b'{"model":"tiny","prompt":"a","stop":%s}' % surrogate))[:2] == (
+            400, "stop")
+        assert _error(post("/tokenize", b'{"prompt":%s}' % surrogate))[:2] == (400, "prompt")
+        deep = b'{"model":"tiny","prompt":"a","metadata":{"a":' + b"[" * 5000 + b"]" * 5000 + b"}}"
+        huge = b'{"model":"tiny","prompt":"a","seed":1' + b"0" * 5000 + b"}"
+        for raw in (deep, huge):
+            assert _error(post("/v1/completions", raw)) == (400, None, "invalid_json")
+        assert http.post("/v1/completions", json={"model": "tiny", "prompt": "still fine", "max_tokens": 1}
+                         ).status_code == 200
+
+
+@pytest.mark.parametrize("endpoint,fields,param", [
+    ("completions", {"temperature": -0.1}, "temperature"), ("completions", {"top_p": 0}, "top_p"),
+    ("completions", {"n": 0}, "n"), ("completions", {"max_tokens": 0}, "max_tokens"),
+    ("completions", {"presence_penalty": 3}, "presence_penalty"),
+    ("completions", {"min_tokens": 9, "max_tokens": 2}, "min_tokens"),
+    ("completions", {"stop_token_ids": [-1]}, "stop_token_ids"), ("completions", {"prompt": [10**6]}, "prompt"),
+    ("completions", {"best_of": 1, "n": 3}, "best_of"),
+    ("completions", {"stream": True, "stream_options": {"include_usage": "yes"}}, "stream_options.include_usage"),
+    ("chat", {"max_completion_tokens": 0}, "max_completion_tokens"),
+    ("chat", {"frequency_penalty": -2.5}, "frequency_penalty"),
+])
+def test_out_of_range_values_are_400s_naming_their_field(engine_server, endpoint, fields, param):
+    body = {"model": "tiny", "max_tokens": 2, **({"prompt": "a cat"} if endpoint == "completions" else
+                                                 {"messages": [{"role": "user", "content": "a cat"}]})}
+    body.update(fields)
+    with engine_server.client() as http:
+        response = http.post(f"/v1/{'chat/completions' if endpoint == 'chat' else 'completions'}", json=body)
+    assert _error(response)[:2] == (400, param), response.json()
+
+
+def test_max_completion_tokens_null_leaves_max_tokens_in_force(client):
+    result = client.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "hi"}], max_tokens=3,
+                                            extra_body={"ignore_eos": True, "max_completion_tokens": None})
+    assert result.usage.completion_tokens == 3
+
+
+def test_top_logprobs_are_the_k_most_likely_tokens_the_chosen_one_included(engine_server, client):
+    chat = client.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "hi"}], max_tokens=4,
+                                          temperature=0, logprobs=True, top_logprobs=3,
+                                          extra_body={"ignore_eos": True})
+    for entry in chat.choices[0].logprobs.content:
+        top = entry.top_logprobs
+        assert len(top) == 3 and [t.logprob for t in top] == sorted((t.logprob for t in top), reverse=True)
+        assert (top[0].token, top[0].logprob) == (entry.token, entry.logprob)  # greedy: the most likely one
+        assert entry.bytes == list(entry.token.encode()) and top[0].bytes == entry.bytes
+    assert client.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "hi"}], max_tokens=2,
+                                          logprobs=True).choices[0].logprobs.content[0].top_logprobs == []
+    body = {"model": "tiny", "prompt": "a red bird", "max_tokens": 6, "temperature": 0, "logprobs": 2,
+            "ignore_eos": True}
+    whole = client.completions.create(**{k: v for k, v in body.items() if k != "ignore_eos"},
+                                      extra_body={"ignore_eos": True}).choices[0]
+    lp = whole.logprobs
+    assert "".join(lp.tokens) == whole.text
+    assert lp.text_offset == [sum(len(t) for t in lp.tokens[:i]) for i in range(len(lp.tokens))]
+    for token, logprob, top in zip(lp.tokens, lp.token_logprobs, lp.top_logprobs, strict=True):
+        assert top[token] == logprob and max(top.values()) == logprob and len(top) == 2  # chosen among the top 2
+    with engine_server.client() as http:
+        streamed = [e for e in sse_events(http.post("/v1/completions", json={**body, "stream": True}))
+                    if e != "[DONE]" and e["choices"]]
+    merged = {key: [v for e in streamed if e["choices"][0]["logprobs"] for v in e["choices"][0]["logprobs"][key]]
+              for key in ("tokens", "token_logprobs", "top_logprobs", "text_offset")}
+    assert merged == {"tokens": lp.tokens, "token_logprobs": lp.token_logprobs, "top_logprobs": lp.top_logprobs,
+                      "text_offset": lp.text_offset}
+
+
+def test_response_ids_follow_openai_and_method_errors_are_typed(engine_server):
+    with engine_server.client() as http:
+        completion = http.post("/v1/completions", json={"model": "tiny", "prompt": "x", "max_tokens": 1}).json()
+        chat = http.post("/v1/chat/completions", json={"model": "tiny", "max_tokens": 1,
+                                                       "messages": [{"role": "user", "content": "x"}]}).json()
+        wrong_method = http.get("/v1/completions")
+    assert completion["id"].startswith("cmpl-") and chat["id"].startswith("chatcmpl-")
+    assert wrong_method.status_code == 405 and wrong_method.json()["error"]["type"] == "invalid_request_error"
+
+
+def test_a_client_request_id_never_collides_with_another_requests_prompts(engine_server):
+    async def run():
+        headers = {"Authorization": f"Bearer {engine_server.api_key}"}
+        async with httpx.AsyncClient(base_url=engine_server.url, headers=headers, timeout=60) as http:
+            two_prompts = http.post("/v1/completions", headers={"X-Request-Id": "x"}, json={
+                "model": "tiny", "prompt": ["one", "two"], "max_tokens": 40, "ignore_eos": True})
+            named_like_its_second = http.post("/v1/completions", headers={"X-Request-Id": "x-1"}, json={
+                "model": "tiny", "prompt": "three", "max_tokens": 40, "ignore_eos": True})
+            return await asyncio.gather(two_prompts, named_like_its_second)
+
+    first, second = asyncio.run(run())
+    assert (first.status_code, second.status_code) == (200, 200), (first.text, second.text)
+    assert len(first.json()["choices"]) == 2 and second.json()["id"] == "x-1"

@@ -95,6 +95,42 @@ def test_unsupported_fields_are_refused_by_name_before_anything_is_reserved(stac
     assert usage_rows(tenant, 0, timeout=0) == []
 
 
+def test_bad_values_are_400s_naming_the_field_whichever_side_finds_them(stack):
+    """The gateway's own checks and the engine's (passed through with their ``param``) answer alike."""
+    tenant, key = tenant_with_key(quota={**GENEROUS, "max_tokens_limit": 100, "default_max_tokens": 50})
+    surrogate = b'"\\ud800 abc"'
+    with gateway_http(stack, key) as http:
+        def error(path, body=None, raw=None):
+            response = http.post(path, json=body) if raw is None else http.post(
+                path, content=raw, headers={"Content-Type": "application/json"})
+            assert response.status_code == 400, response.text
+            return response.json()["error"]["param"], response.json()["error"]["code"]
+
+        assert error("/completions", {"model": "tiny", "prompt": "a", "temperature": -1})[0] == "temperature"
+        assert error("/completions", {"model": "tiny", "prompt": "a", "stop_token_ids": [-1]})[0] == "stop_token_ids"
+        assert error("/completions", raw=b'{"model":"tiny","prompt":%s}' % surrogate)[0] == "prompt"
+        assert error("/chat/completions", raw=b'{"model":"tiny","messages":[{"role":"user","content":%s}]}'
+                     % surrogate)[0] == "messages[0].content"
+        assert error("/completions", raw=b'{"model":"tiny","prompt":"a","metadata":' + b"[" * 5000 + b"]" * 5000
+                     + b"}") == (None, "invalid_json")
+        assert error("/completions", raw=b'{"model":"tiny","prompt":"a","seed":1' + b"0" * 5000 + b"}") == (
+            None, "invalid_json")
+        assert error("/chat/completions", {"model": "tiny", "messages": MESSAGES, "max_completion_tokens": 0})[0] \
+            == "max_completion_tokens"
+        assert error("/chat/completions", {"model": "tiny", "messages": MESSAGES,
+                                           "max_completion_tokens": 101}) == ("max_completion_tokens",
+                                                                             "max_tokens_over_limit")
+        assert error("/completions", {"model": "tiny", "prompt": [65] * 600, "max_tokens": 5}) == (
+            "prompt", "context_length_exceeded")
+    chat = openai_client(stack, key).chat.completions.create(
+        model="tiny", messages=MESSAGES, max_tokens=3, extra_body={"ignore_eos": True, "max_completion_tokens": None})
+    assert chat.usage.completion_tokens == 3
+    # The gateway's own refusals reserve nothing; the engine's two (after the reservation) are error rows with
+    # no completion tokens, as any failed request.
+    rows = usage_rows(tenant, 3)
+    assert sorted((r.status, r.completion_tokens) for r in rows) == [("error", 0), ("error", 0), ("ok", 3)]
+
+
 def test_models_lists_the_base_model_and_only_the_callers_ready_adapters(stack):
     tenant, key = tenant_with_key()
     other, _ = tenant_with_key()
