@@ -2,12 +2,14 @@
 
 import itertools
 import time
+from collections.abc import Iterable
 from collections.abc import Sequence as Seq
 
 from tqdm.auto import tqdm
 
 from engine.config import EngineConfig
 from engine.llm_engine import LLMEngine
+from engine.lora.request import LoRARequest
 from engine.outputs import RequestOutput
 from engine.sampling_params import SamplingParams
 
@@ -66,8 +68,9 @@ class LLM:
         return self._run(prompts, sampling_params, lora_request, use_tqdm)
 
     def _run(self, prompts: list, sampling_params, lora_request, use_tqdm: bool) -> list[RequestOutput]:
-        params = _broadcast("sampling_params", sampling_params or SamplingParams(), len(prompts))
-        loras = _broadcast("lora_request", lora_request, len(prompts))
+        params = _broadcast("sampling_params", SamplingParams() if sampling_params is None else sampling_params,
+                            len(prompts), SamplingParams)
+        loras = _broadcast("lora_request", lora_request, len(prompts), LoRARequest)
         engine = self.llm_engine
         order: dict[str, int] = {}
         try:
@@ -108,15 +111,30 @@ class LLM:
 def _as_prompt_list(prompts) -> list:
     if isinstance(prompts, str | dict):
         return [prompts]
+    if hasattr(prompts, "tolist"):  # a numpy array or a tensor of token ids (one prompt, or one per row)
+        prompts = prompts.tolist()
+    if isinstance(prompts, bytes | bytearray) or not isinstance(prompts, Iterable):
+        raise ValueError(f"prompts must be a string, a list of token ids, a dict or a list of these, got "
+                         f"{type(prompts).__name__}")
     prompts = list(prompts)
     if prompts and all(type(t) is int for t in prompts):  # one prompt given as token ids
         return [prompts]
-    return prompts
+    return [_as_prompt(p) for p in prompts]
 
 
-def _broadcast(name: str, value, count: int) -> list:
-    if isinstance(value, list | tuple):
-        if len(value) != count:
-            raise ValueError(f"{name} has {len(value)} entries for {count} prompts")
-        return list(value)
-    return [value] * count
+def _as_prompt(prompt):
+    if hasattr(prompt, "tolist") and not isinstance(prompt, str | dict):
+        prompt = prompt.tolist()
+    if isinstance(prompt, str | dict) or (isinstance(prompt, list | tuple) and all(type(t) is int for t in prompt)):
+        return list(prompt) if isinstance(prompt, tuple) else prompt
+    raise ValueError(f"each prompt must be a string, a list of token ids or a dict, got {type(prompt).__name__}")
+
+
+def _broadcast(name: str, value, count: int, kind: type) -> list:
+    values = list(value) if isinstance(value, list | tuple) else [value] * count
+    if len(values) != count:
+        raise ValueError(f"{name} has {len(values)} entries for {count} prompts")
+    for entry in values:
+        if entry is not None and not isinstance(entry, kind):
+            raise ValueError(f"{name} must be an engine.{kind.__name__} or a list of them, got {type(entry).__name__}")
+    return values

@@ -28,7 +28,7 @@ from engine.lora.request import LoRARequest
 from engine.model_runner import ModelRunner
 from engine.outputs import CompletionOutput, RequestMetrics, RequestOutput
 from engine.sampler import SamplerOutput
-from engine.sampling_params import SamplingParams
+from engine.sampling_params import SamplingParamError, SamplingParams
 from engine.scheduler import Scheduler
 from engine.sequence import Sequence, SequenceStatus
 
@@ -182,6 +182,9 @@ class LLMEngine:
             raise ValueError("prompt is empty: at least one token is needed")
         if not all(type(t) is int and 0 <= t < vocab for t in token_ids):
             raise ValueError(f"prompt token ids must be ints in [0, {vocab})")
+        if any(t >= vocab for t in params.stop_token_ids):  # the sampler masks these logits by index
+            raise SamplingParamError("stop_token_ids", f"stop_token_ids must be token ids below {vocab}, got "
+                                                       f"{[t for t in params.stop_token_ids if t >= vocab]}")
         if len(token_ids) >= self.max_model_len:
             raise ValueError(
                 f"prompt has {len(token_ids)} tokens but max_model_len is {self.max_model_len} "
@@ -299,12 +302,16 @@ class LLMEngine:
 
     # ---- adapters
     def _poll_adapters(self) -> list[RequestOutput]:
-        """Fail the waiting requests whose adapter load failed or turned out to be another version."""
+        """Fail the waiting requests whose adapter load failed or turned out to be another version. A failed load
+        fails only the requests that asked for what it read (path and sha256): another request for the same id
+        with another source stays waiting, and the scheduler loads its source next."""
         if self.adapters is not None:
             for result in self.adapters.poll():
                 for request in self._waiting_on(result.adapter_id):
                     try:
                         if result.error is not None:
+                            if not _same_source(request.lora_request, result.source):
+                                continue
                             raise result.error
                         self.adapters.check_request(request.lora_request)
                     except AdapterError as exc:
@@ -357,3 +364,11 @@ class LLMEngine:
             "preemptions": self.scheduler.num_preemptions,
             **(self.adapters.stats() if self.adapters is not None else _NO_ADAPTERS),
         }
+
+
+def _same_source(request: LoRARequest, loaded: LoRARequest | None) -> bool:
+    """Whether ``request`` asks for what ``loaded`` read (unknown: assume so)."""
+    if loaded is None:
+        return True
+    digest = (request.sha256 or "").lower(), (loaded.sha256 or "").lower()
+    return request.path == loaded.path and digest[0] == digest[1]

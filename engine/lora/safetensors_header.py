@@ -52,9 +52,9 @@ def read_safetensors_header(path: str | os.PathLike, name: str = "adapter_model.
     """Parse the header of the file at ``path``, reading only its first ``8 + N`` bytes."""
     file_size = os.path.getsize(path)
     with open(path, "rb") as f:
-        head = f.read(8)
+        head = f.read(9)  # the header's length and its first byte
         header_size = _header_size(head, file_size, name)
-        return parse_safetensors_header(head + f.read(header_size), file_size, name)
+        return parse_safetensors_header(head + f.read(header_size - 1), file_size, name)
 
 
 def parse_safetensors_header(
@@ -65,7 +65,7 @@ def parse_safetensors_header(
     Raises :class:`AdapterFormatError` with code ``pickle_weights``, ``truncated``, ``header_too_large``,
     ``header_invalid`` or ``unsupported_dtype``.
     """
-    header_size = _header_size(prefix[:8], file_size, name)
+    header_size = _header_size(prefix[:9], file_size, name)
     if len(prefix) < 8 + header_size:
         raise ValueError(f"need the first {8 + header_size} bytes of {name}, got {len(prefix)}")
     raw = _decode_json(prefix[8 : 8 + header_size], name)
@@ -78,7 +78,12 @@ def parse_safetensors_header(
 
 
 def _header_size(head: bytes, file_size: int, name: str) -> int:
-    if head.startswith(_ZIP_MAGIC) or head.startswith(_PICKLE_MAGICS):
+    """N from the file's first 9 bytes (8 when the file is that short). A pickle's magic bytes can also begin a
+    real safetensors file (a header of 640 bytes starts 0x80 0x02), so a file whose length field fits the file and
+    whose JSON starts right after it is read as safetensors whatever its first bytes."""
+    claimed = int.from_bytes(head[:8], "little") if len(head) >= 8 else -1
+    shaped = len(head) >= 9 and head[8:9] == b"{" and 2 <= claimed <= file_size - 8
+    if not shaped and (head.startswith(_ZIP_MAGIC) or head.startswith(_PICKLE_MAGICS)):
         raise AdapterFormatError(
             "pickle_weights", f"{name} is a pickle (torch.save) file, not safetensors; pickle weights are refused"
         )

@@ -32,6 +32,7 @@ class LoadResult:
 
     adapter_id: AdapterId
     error: AdapterError | None
+    source: LoRARequest | None = None  # the request whose path and sha256 were loaded
 
 
 @dataclass(slots=True)
@@ -73,6 +74,7 @@ class AdapterSlotCache:
         self._doomed: set[AdapterId] = set()  # unloaded while pinned: freed at the last release
         self._host: OrderedDict[AdapterId, LoadedAdapter] = OrderedDict()  # LRU first
         self._loading: dict[AdapterId, Future] = {}
+        self._loading_source: dict[AdapterId, LoRARequest] = {}  # the request each load in flight reads
         self._counters = CacheCounters()
         self._lock = threading.RLock()
         self._executor = ThreadPoolExecutor(num_loader_threads, thread_name_prefix="lora-loader")
@@ -174,6 +176,7 @@ class AdapterSlotCache:
             if request.id in self._loading or self.is_loaded(request.id):
                 return
             self._loading[request.id] = self._executor.submit(self.loader.load, request)
+            self._loading_source[request.id] = request
 
     def poll(self) -> list[LoadResult]:
         """Collect finished loads: successes enter the host tier (evicting its LRU entry); each is reported once."""
@@ -183,12 +186,13 @@ class AdapterSlotCache:
                 if not future.done():
                     continue
                 del self._loading[adapter_id]
+                source = self._loading_source.pop(adapter_id, None)
                 error = _error_of(future)
                 if error is None:
                     self._host_put(future.result())
                 else:
                     self._counters.load_failures += 1
-                results.append(LoadResult(adapter_id, error))
+                results.append(LoadResult(adapter_id, error, source))
         return results
 
     def _host_put(self, adapter: LoadedAdapter) -> None:
@@ -248,6 +252,7 @@ class AdapterSlotCache:
         with self._lock:
             self._host.pop(adapter_id, None)
             future = self._loading.pop(adapter_id, None)
+            self._loading_source.pop(adapter_id, None)
             if future is not None:
                 future.cancel()  # a load already running finishes on its thread; its result is dropped
             slot = self._slot_of.get(adapter_id)

@@ -251,7 +251,7 @@ def _as_api_error(exc: BaseException) -> BaseException:
     if isinstance(exc, EngineDead):
         return APIError(503, str(exc), code="engine_dead", retry_after=5)
     if isinstance(exc, ValueError):
-        return bad_request(str(exc))
+        return bad_request(str(exc), param=getattr(exc, "param", None))
     return exc
 
 

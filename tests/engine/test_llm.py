@@ -198,12 +198,39 @@ def test_engine_streams_tokens_and_abort_frees_everything(tiny_llama):
 @pytest.mark.parametrize(
     ("prompt", "params", "match"),
     [([], None, "empty"), ([5, 10**6], None, "token ids"), ([7] * 1024, None, "max_model_len"),
-     ([5], SamplingParams(max_tokens=2000), "KV blocks")],
+     ([5], SamplingParams(max_tokens=2000), "KV blocks"),
+     # an id past the vocabulary would index the logits out of bounds in the sampler, inside step()
+     ([5], SamplingParams(max_tokens=4, min_tokens=1, stop_token_ids=[10**6]), "stop_token_ids")],
 )
 def test_bad_requests_are_refused_with_a_reason(tiny_llama, prompt, params, match):
     llm = make_llm(tiny_llama, num_kv_blocks=64)
     with pytest.raises(ValueError, match=match):
         llm.generate([prompt], params, use_tqdm=False)
+    assert not llm.llm_engine.has_unfinished_requests()
+
+
+def test_a_refused_request_leaves_the_others_of_its_batch_running(tiny_llama):
+    llm = make_llm(tiny_llama)
+    with pytest.raises(ValueError, match="stop_token_ids"):
+        llm.generate(PROMPTS[:2], [GREEDY, SamplingParams(max_tokens=5, min_tokens=1, stop_token_ids=[10**6])],
+                     use_tqdm=False)
+    assert not llm.llm_engine.has_unfinished_requests()
+    assert llm.generate(PROMPTS[:2], GREEDY, use_tqdm=False)[1].outputs[0].finish_reason == "length"
+
+
+def test_prompts_and_params_of_the_wrong_kind_are_refused_clearly(tiny_llama):
+    import numpy as np
+
+    llm = make_llm(tiny_llama)
+    for prompts in (b"abc", 5, None, [b"abc"], ["ok", 5], [[1, 2.5]]):
+        with pytest.raises(ValueError, match="prompt"):
+            llm.generate(prompts, GREEDY, use_tqdm=False)
+    with pytest.raises(ValueError, match="sampling_params must be an engine.SamplingParams"):
+        llm.generate(PROMPTS[:1], {"temperature": 0}, use_tqdm=False)
+    ids = [5, 6, 7]
+    by_list = llm.generate([ids], GREEDY, use_tqdm=False)[0]
+    for array in (np.array(ids), np.array([ids])):  # one prompt, or one per row
+        assert llm.generate(array, GREEDY, use_tqdm=False)[0].outputs[0].token_ids == by_list.outputs[0].token_ids
     assert not llm.llm_engine.has_unfinished_requests()
 
 

@@ -217,6 +217,7 @@ def test_text_that_cannot_be_tokenized_and_pathological_json_are_400s(engine_ser
     ("completions", {"presence_penalty": 3}, "presence_penalty"),
     ("completions", {"min_tokens": 9, "max_tokens": 2}, "min_tokens"),
     ("completions", {"stop_token_ids": [-1]}, "stop_token_ids"), ("completions", {"prompt": [10**6]}, "prompt"),
+    ("completions", {"stop_token_ids": [10**6], "min_tokens": 1}, "stop_token_ids"),  # killed the engine loop
     ("completions", {"best_of": 1, "n": 3}, "best_of"),
     ("completions", {"stream": True, "stream_options": {"include_usage": "yes"}}, "stream_options.include_usage"),
     ("chat", {"max_completion_tokens": 0}, "max_completion_tokens"),

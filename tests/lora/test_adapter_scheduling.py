@@ -93,6 +93,26 @@ def test_a_failed_load_fails_every_request_waiting_on_it_in_one_step(model_dir, 
     assert list(engine.requests) == ["base"] and "base" in drain(engine)
 
 
+def test_a_failed_load_fails_only_the_requests_that_asked_for_its_source(model_dir, adapters, oracle, tmp_path):
+    """Requests naming one adapter id with other sources (a wrong digest, a bad path) each get their own answer:
+    the load that failed fails its own requests only, and the others' source is loaded next."""
+    from tests.lora.engine_support import sha256_of
+
+    engine = make_llm(model_dir).llm_engine
+    folder = adapters["a"]
+    wrong_digest = lora_request("a", folder, sha256="0" * 64)
+    bad_path = lora_request("a", tmp_path / "nowhere")
+    engine.add_request("wrong", PROMPT, params(4), lora_request=wrong_digest)
+    engine.add_request("nowhere", PROMPT, params(4), lora_request=bad_path)
+    engine.add_request("plain", PROMPT, params(4), lora_request=lora_request("a", folder))
+    engine.add_request("right", PROMPT, params(4), lora_request=lora_request("a", folder, sha256=sha256_of(folder)))
+    finals = drain(engine)
+    assert finals["wrong"].error.code == "sha256_mismatch" and "0" * 64 in finals["wrong"].error.message
+    assert finals["nowhere"].error.code == "not_found"
+    for ok in ("plain", "right"):
+        assert finals[ok].error is None and finals[ok].outputs[0].token_ids == oracle.greedy("a", PROMPT)[:4]
+
+
 def test_resident_adapters_go_first_until_a_passed_over_request_is_due(model_dir, adapters, oracle):
     engine = make_llm(model_dir, max_loras=1, max_adapter_wait_steps=3).llm_engine
     a, b = lora_request("a", adapters["a"]), lora_request("b", adapters["b"])

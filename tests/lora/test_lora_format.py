@@ -184,6 +184,28 @@ def test_malformed_headers_are_refused(header, data, code, needle):
     assert needle in refusal(code, parse_safetensors_header, raw, len(raw))
 
 
+def test_a_header_whose_length_starts_like_a_pickle_is_read_as_safetensors(tmp_path):
+    """A 640-byte header (and 896, 1152, 1408, modulo 65536) writes 0x80 0x02..0x05 first: a pickle's magic."""
+    import numpy as np
+    from safetensors.numpy import save_file
+
+    tensors = {"base_model.model.a.lora_A.weight": np.ones((2, 4), np.float32)}
+    path = tmp_path / "padded.safetensors"
+    for target in (640, 896, 1152, 1408):
+        save_file(tensors, str(path), metadata={"note": ""})
+        small = int.from_bytes(path.read_bytes()[:8], "little")  # padded with spaces to a multiple of 8
+        save_file(tensors, str(path), metadata={"note": "x" * (target - small)})
+        raw = path.read_bytes()
+        assert int.from_bytes(raw[:8], "little") == target and raw[:2] in (b"\x80\x02", b"\x80\x03", b"\x80\x04",
+                                                                            b"\x80\x05")
+        header = read_safetensors_header(path)
+        assert set(header.tensors) == set(tensors) and header.header_size == target
+        assert parse_safetensors_header(raw, len(raw)) == header
+    legacy = tmp_path / "legacy.bin"  # torch.save's legacy format: a bare pickle stream
+    legacy.write_bytes(b"\x80\x02\x8a\x0al\xfc\x9cF\xf9 j\xa8P\x19." + b"\0" * 64)
+    assert refusal("pickle_weights", read_safetensors_header, legacy)
+
+
 def test_file_over_the_size_limit_is_refused(good_adapter, fingerprint, tmp_path):
     big = copy_adapter(good_adapter, tmp_path / "big")
     with open(big / "adapter_model.safetensors", "r+b") as f:
