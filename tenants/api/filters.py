@@ -26,6 +26,49 @@ class UTCDateTimeFilter(django_filters.IsoDateTimeFilter):
     field_class = UTCIsoDateTimeField
 
 
+class StrictBooleanField(forms.NullBooleanField):
+    """true/false (or 1/0); anything else is a 400, not a silently ignored filter."""
+
+    widget = forms.TextInput  # NullBooleanSelect would turn an unknown value into "no filter" before we see it
+
+    def to_python(self, value):
+        if value in (None, ""):
+            return None
+        if str(value).lower() in ("true", "1"):
+            return True
+        if str(value).lower() in ("false", "0"):
+            return False
+        raise forms.ValidationError("Expected true or false.", code="invalid")
+
+    def validate(self, value):
+        pass
+
+
+class StrictBooleanFilter(django_filters.BooleanFilter):
+    field_class = StrictBooleanField
+
+
+class _RangeForm(forms.Form):
+    """``since`` after ``until`` is a mistake to report, not an empty answer."""
+
+    def clean(self):
+        cleaned = super().clean()
+        since, until = cleaned.get("since"), cleaned.get("until")
+        if since is not None and until is not None and since > until:
+            self.add_error("until", "until is before since.")
+        return cleaned
+
+
+class _BaseModelAdapterMixin:
+    """``adapter=`` with an empty value means the base model; django-filter skips empty values otherwise."""
+
+    def filter_queryset(self, queryset):
+        queryset = super().filter_queryset(queryset)
+        if self.data.get("adapter") == "":
+            queryset = queryset.filter(adapter="")
+        return queryset
+
+
 class TenantFilter(django_filters.FilterSet):
     status = django_filters.ChoiceFilter(choices=Tenant.Status.choices)
 
@@ -35,7 +78,7 @@ class TenantFilter(django_filters.FilterSet):
 
 
 class APIKeyFilter(django_filters.FilterSet):
-    revoked = django_filters.BooleanFilter()
+    revoked = StrictBooleanFilter()
 
     class Meta:
         model = TenantAPIKey
@@ -50,7 +93,7 @@ class MembershipFilter(django_filters.FilterSet):
         fields = ["role"]
 
 
-class UsageDailyFilter(django_filters.FilterSet):
+class UsageDailyFilter(_BaseModelAdapterMixin, django_filters.FilterSet):
     since = django_filters.DateFilter(field_name="day", lookup_expr="gte", help_text="First day (UTC), inclusive.")
     until = django_filters.DateFilter(field_name="day", lookup_expr="lte", help_text="Last day (UTC), inclusive.")
     adapter = django_filters.CharFilter(help_text='Adapter name; "" for the base model.')
@@ -58,6 +101,7 @@ class UsageDailyFilter(django_filters.FilterSet):
     class Meta:
         model = UsageDaily
         fields = ["since", "until", "adapter"]
+        form = _RangeForm
 
 
 class OperatorUsageDailyFilter(UsageDailyFilter):
@@ -67,12 +111,13 @@ class OperatorUsageDailyFilter(UsageDailyFilter):
         fields = [*UsageDailyFilter.Meta.fields, "tenant"]
 
 
-class UsageRecordFilter(django_filters.FilterSet):
+class UsageRecordFilter(_BaseModelAdapterMixin, django_filters.FilterSet):
     since = UTCDateTimeFilter(field_name="created_at", lookup_expr="gte", help_text="From this moment, inclusive.")
     until = UTCDateTimeFilter(field_name="created_at", lookup_expr="lt", help_text="Before this moment.")
-    adapter = django_filters.CharFilter()
+    adapter = django_filters.CharFilter(help_text='Adapter name; "" for the base model.')
     status = django_filters.ChoiceFilter(choices=UsageStatus.choices)
 
     class Meta:
         model = UsageRecord
         fields = ["since", "until", "adapter", "status"]
+        form = _RangeForm

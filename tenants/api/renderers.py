@@ -13,10 +13,11 @@ class CSVRenderer(BaseRenderer):
 
     def render(self, data, accepted_media_type=None, renderer_context=None) -> bytes:
         rows = data if isinstance(data, list) else [data]
-        if not rows:
+        fieldnames = list(rows[0]) if rows else _columns_of((renderer_context or {}).get("view"))
+        if not fieldnames:
             return b""
         out = io.StringIO()
-        writer = csv.DictWriter(out, fieldnames=list(rows[0]), extrasaction="ignore")
+        writer = csv.DictWriter(out, fieldnames=fieldnames, extrasaction="ignore")
         writer.writeheader()
         for row in rows:
             writer.writerow({name: _cell(value) for name, value in row.items()})
@@ -27,3 +28,11 @@ def _cell(value):
     if isinstance(value, (list, dict)):
         return " ".join(str(item) for item in value) if isinstance(value, list) else str(value)
     return value
+
+
+def _columns_of(view) -> list[str]:
+    """The header row of an empty export: the view's serializer's fields (a spreadsheet still gets its columns)."""
+    try:
+        return list(view.get_serializer().fields)
+    except AttributeError:
+        return []

@@ -46,7 +46,7 @@ class UserSerializer(serializers.ModelSerializer):
 
 
 class UserCreateSerializer(serializers.Serializer):
-    email = serializers.EmailField()
+    email = serializers.EmailField(max_length=150, help_text="Also the username (at most 150 characters).")
     password = serializers.CharField(write_only=True, required=False, max_length=128,
                                      style={"input_type": "password"})
     is_staff = serializers.BooleanField(default=False)
@@ -62,7 +62,7 @@ class MembershipSerializer(serializers.ModelSerializer):
 
 
 class MembershipCreateSerializer(serializers.Serializer):
-    email = serializers.EmailField()
+    email = serializers.EmailField(max_length=254)
     role = serializers.ChoiceField(choices=Role.choices, default=Role.MEMBER)
 
 
@@ -80,7 +80,7 @@ class InvitationSerializer(serializers.ModelSerializer):
 
 
 class InvitationCreateSerializer(serializers.Serializer):
-    email = serializers.EmailField()
+    email = serializers.EmailField(max_length=254)
     role = serializers.ChoiceField(choices=Role.choices, default=Role.MEMBER)
 
 
@@ -154,6 +154,12 @@ class QuotaUpdateSerializer(serializers.Serializer):
     max_tokens_limit = _quota_field(False, required=False, allow_null=True)
     max_adapters = _quota_field(False, required=False, allow_null=True)
     max_adapter_storage_bytes = _quota_field(True, required=False, allow_null=True)
+
+    def validate(self, attrs):
+        unknown = sorted(set(self.initial_data) - set(self.fields)) if isinstance(self.initial_data, dict) else []
+        if unknown:  # a misspelt field would otherwise change nothing and answer 200
+            raise serializers.ValidationError({unknown[0]: "Unknown quota field."})
+        return attrs
 
 
 class QuotaSerializer(serializers.Serializer):

@@ -1,5 +1,6 @@
 """Writes about API keys: create (the raw key is returned once), revoke, mark used."""
 
+import re
 from collections.abc import Iterable
 from datetime import datetime
 
@@ -7,10 +8,12 @@ from django.core.exceptions import ValidationError
 from django.db import transaction
 from django.utils import timezone
 
+from adapters.refs import ADAPTER_NAME_PATTERN
 from tenants.key_auth import auth_generation_bump
 from tenants.models import Scope, Tenant, TenantAPIKey
 
 MAX_ADAPTER_NAMES = 100
+_ADAPTER_NAME = re.compile(ADAPTER_NAME_PATTERN)
 
 
 @transaction.atomic
@@ -27,6 +30,11 @@ def api_key_create(*, tenant: Tenant, name: str, scopes: Iterable[str], adapter_
     adapter_names = sorted({adapter.strip() for adapter in adapter_names})
     if "" in adapter_names or len(adapter_names) > MAX_ADAPTER_NAMES:
         raise ValidationError({"adapter_names": f"Give up to {MAX_ADAPTER_NAMES} non-empty adapter names."})
+    malformed = [adapter for adapter in adapter_names if not _ADAPTER_NAME.fullmatch(adapter)]
+    if malformed:  # a name that can never match (a version, a slash) would silently refuse the key everything
+        raise ValidationError({"adapter_names": f"{malformed[0]!r} is not an adapter name (letters, digits, '.', "
+                                                "'_', '-'; no version: a key allowed an adapter may use all of "
+                                                "its versions)."})
     if expires_at is not None and expires_at <= timezone.now():
         raise ValidationError({"expires_at": "The expiry must be in the future."})
     if not tenant.is_active:

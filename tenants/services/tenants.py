@@ -5,7 +5,7 @@ from datetime import timedelta
 
 from django.contrib.auth import get_user_model, password_validation
 from django.core.exceptions import ValidationError
-from django.db import transaction
+from django.db import IntegrityError, transaction
 from django.utils import timezone
 from django.utils.text import slugify
 
@@ -24,11 +24,27 @@ def tenant_create(*, name: str, slug: str | None = None) -> Tenant:
     if slug:
         if slug != slugify(slug):
             raise ValidationError({"slug": f"{slug!r} is not a slug (lowercase letters, digits, hyphens)."})
+        taken = {"slug": f"A tenant with slug {slug!r} exists."}
         if Tenant.objects.filter(slug=slug).exists():
-            raise ValidationError({"slug": f"A tenant with slug {slug!r} exists."})
-    else:
-        slug = _free_slug(slugify(name)[:40] or "tenant")
-    return Tenant.objects.create(name=name, slug=slug)
+            raise ValidationError(taken)
+        return _create_once(taken, lambda: Tenant.objects.create(name=name, slug=slug))
+    for _ in range(5):  # a concurrent create may take the free slug first: take the next one
+        try:
+            with transaction.atomic():
+                return Tenant.objects.create(name=name, slug=_free_slug(slugify(name)[:40] or "tenant"))
+        except IntegrityError:
+            continue
+    raise ValidationError({"name": "Too many tenants are being created with this name at once; try again."})
+
+
+def _create_once(refusal: dict, create):
+    """``create()`` in a savepoint; the unique constraint's refusal, when a concurrent request got there between
+    the check and the insert, is the same 400 the check gives (not a 500)."""
+    try:
+        with transaction.atomic():
+            return create()
+    except IntegrityError:
+        raise ValidationError(refusal) from None
 
 
 def _free_slug(base: str) -> str:
@@ -68,15 +84,16 @@ def user_create(*, email: str, password: str | None = None, is_staff: bool = Fal
     email = User.objects.normalize_email(email).strip()
     if not email or "@" not in email:
         raise ValidationError({"email": "A valid email address is needed."})
+    taken = {"email": f"An account for {email} exists."}
     if User.objects.filter(username__iexact=email).exists():
-        raise ValidationError({"email": f"An account for {email} exists."})
+        raise ValidationError(taken)
     user = User(username=email, email=email, is_staff=is_staff)
     if password:
         password_validation.validate_password(password, user)
         user.set_password(password)
     else:
         user.set_unusable_password()
-    user.save()
+    _create_once(taken, user.save)
     return user
 
 
@@ -92,9 +109,10 @@ def user_change_password(*, user, old_password: str, new_password: str) -> None:
 @transaction.atomic
 def membership_add(*, tenant: Tenant, user, role: str) -> Membership:
     _check_role(role)
+    member = {"email": f"{user.email or user.username} already belongs to {tenant.slug}."}
     if Membership.objects.filter(tenant=tenant, user=user).exists():
-        raise ValidationError({"email": f"{user.email or user.username} already belongs to {tenant.slug}."})
-    return Membership.objects.create(tenant=tenant, user=user, role=role)
+        raise ValidationError(member)
+    return _create_once(member, lambda: Membership.objects.create(tenant=tenant, user=user, role=role))
 
 
 @transaction.atomic

@@ -88,3 +88,34 @@ def test_django_and_the_adapter_rules_do_not_import_torch():
     )
     result = run_python(code, DJANGO_SETTINGS_MODULE="config.settings_test")
     assert result.returncode == 0, result.stderr
+
+
+def test_concurrent_writers_on_the_default_sqlite_queue_instead_of_failing(tmp_path):
+    """`make run` without PostgreSQL uses SQLite: eight threads creating tenants at once must all succeed (with
+    deferred transactions most failed at once with "database is locked")."""
+    code = """
+import threading, django
+django.setup()
+from django.core.management import call_command
+from django.db import connections
+call_command("migrate", verbosity=0)
+from tenants import services
+errors = []
+def work(i):
+    try:
+        for j in range(5):
+            services.tenant_create(name=f"T{i}-{j}")
+    except Exception as exc:
+        errors.append(repr(exc))
+    finally:
+        connections.close_all()
+threads = [threading.Thread(target=work, args=(i,)) for i in range(8)]
+[t.start() for t in threads]
+[t.join() for t in threads]
+from tenants.models import Tenant
+print(Tenant.objects.count(), errors[:2])
+"""
+    done = run_python(code, DJANGO_SETTINGS_MODULE="config.settings", DEBUG="true",
+                      DATABASE_URL=f"sqlite:///{tmp_path / 'db.sqlite3'}")
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.split()[0] == "40", done.stdout

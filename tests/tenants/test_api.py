@@ -203,3 +203,70 @@ def test_schema_and_docs_are_served():
     assert "/api/tenants/{slug}/keys/" in paths and "/api/tenants/{slug}/usage/daily/export/" in paths
     assert client.get("/api/docs/").status_code == 200
     assert schema.json()["components"]["securitySchemes"]["manageKey"]["scheme"] == "bearer"
+
+
+def test_empty_adapter_means_the_base_model_in_every_usage_view(client_for, cast, usage_rows):
+    base = f"/api/tenants/{cast.tenant.slug}"
+    owner = client_for("owner")
+    daily = owner.get(f"{base}/usage/daily/", {"adapter": ""}).json()
+    assert daily["count"] == 5 and {r["adapter"] for r in daily["results"]} == {""}
+    assert owner.get(f"{base}/usage/summary/", {"adapter": ""}).json()["num_requests"] == 5
+    assert owner.get(f"{base}/usage/summary/").json()["num_requests"] == 20  # absent: every adapter
+    export = owner.get(f"{base}/usage/daily/export/", {"adapter": ""})
+    assert {row["adapter"] for row in csv.DictReader(io.StringIO(export.content.decode()))} == {""}
+
+
+def test_filters_refuse_values_they_cannot_apply(client_for, cast, usage_rows):
+    base = f"/api/tenants/{cast.tenant.slug}"
+    owner = client_for("owner")
+    services.api_key_create(tenant=cast.tenant, name="k", scopes=["manage"])
+    assert owner.get(f"{base}/keys/", {"revoked": "maybe"}).status_code == 400
+    assert owner.get(f"{base}/keys/", {"revoked": "false"}).json()["count"] == 1
+    assert owner.get(f"{base}/keys/", {"revoked": "true"}).json()["count"] == 0
+    today = usage_rows.isoformat()
+    backwards = owner.get(f"{base}/usage/daily/", {"since": today, "until": "2000-01-01"})
+    assert backwards.status_code == 400 and backwards.json()["errors"][0]["attr"] == "until"
+    assert owner.get(f"{base}/usage/requests/", {"since": "2030-01-01T00:00:00Z",
+                                                 "until": "2029-01-01T00:00:00Z"}).status_code == 400
+    assert owner.get(f"{base}/usage/daily/", {"since": today, "until": today}).json()["count"] == 2
+
+
+def test_an_empty_export_still_has_its_header_row(client_for, cast):
+    response = client_for("owner").get(f"/api/tenants/{cast.tenant.slug}/usage/daily/export/")
+    header = response.content.decode().splitlines()
+    assert len(header) == 1 and "num_requests" in header[0].split(",")
+
+
+def test_quota_changes_name_only_known_fields(client_for, cast):
+    response = client_for("operator").patch(f"/api/tenants/{cast.tenant.slug}/quota/", {"max_adaptrs": 3},
+                                            format="json")
+    assert response.status_code == 400 and response.json()["errors"][0]["attr"] == "max_adaptrs"
+    assert QuotaChange.objects.filter(tenant=cast.tenant).count() == 0
+
+
+def test_key_allow_lists_take_adapter_names_only(client_for, cast):
+    owner = client_for("owner")
+    for bad in ("sql:1", "a/b", "ü", "-x"):
+        response = owner.post(f"/api/tenants/{cast.tenant.slug}/keys/",
+                              {"name": "p", "scopes": ["inference"], "adapter_names": ["ok", bad]}, format="json")
+        assert response.status_code == 400 and response.json()["errors"][0]["attr"] == "adapter_names", bad
+    assert owner.post(f"/api/tenants/{cast.tenant.slug}/keys/", {"name": "p", "scopes": ["inference"],
+                      "adapter_names": ["sql-v2.1_x"]}, format="json").status_code == 201
+
+
+def test_over_long_emails_are_400s(client_for, cast):
+    operator = client_for("operator")
+    long_email = "a" * 170 + "@a.example"
+    response = operator.post("/api/users/", {"email": long_email}, format="json")
+    assert response.status_code == 400 and response.json()["errors"][0]["attr"] == "email"
+    invite = client_for("owner").post(f"/api/tenants/{cast.tenant.slug}/invitations/",
+                                      {"email": "b" * 300 + "@x.example"}, format="json")
+    assert invite.status_code == 400
+
+
+def test_unknown_paths_under_api_are_json_404s(client_for, cast):
+    for path in (f"/api/tenants/{cast.tenant.slug}/keys/ABCDEFGHX/revoke/", "/api/nothing/here/"):
+        for method in ("get", "post", "delete"):
+            response = getattr(client_for("owner"), method)(path)
+            assert response.status_code == 404 and response["Content-Type"].startswith("application/json")
+            assert response.json()["errors"][0]["code"] == "not_found"

@@ -173,3 +173,28 @@ def test_tenant_list_is_scoped_to_memberships_except_for_operators():
     mine, _ = MembershipFactory(), TenantFactory()
     assert list(selectors.tenant_list(user=mine.user)) == [mine.tenant]
     assert selectors.tenant_list(user=UserFactory(is_staff=True)).count() == 2
+
+
+def test_a_create_that_loses_a_race_is_the_checks_refusal_not_a_500(monkeypatch):
+    """Between a check ("does it exist?") and the insert a concurrent request may insert the same row: the unique
+    constraint's refusal must read as the check's (a 400), not escape as IntegrityError."""
+    from django.db.models import QuerySet
+
+    from tenants.services import tenants as tenant_services
+
+    tenant = services.tenant_create(name="C", slug="c1")
+    user = services.user_create(email="x@y.example")
+    services.membership_add(tenant=tenant, user=user, role=Role.MEMBER)
+    with monkeypatch.context() as patch:
+        patch.setattr(QuerySet, "exists", lambda self: False)  # every check passes: the racing insert came first
+        for create, match in ((lambda: services.tenant_create(name="C", slug="c1"), "exists"),
+                              (lambda: services.user_create(email="x@y.example"), "exists"),
+                              (lambda: services.membership_add(tenant=tenant, user=user, role=Role.MEMBER),
+                               "already belongs")):
+            with pytest.raises(ValidationError, match=match):
+                create()
+    free_slug = tenant_services._free_slug
+    racing = iter(["c1"])  # the first free slug it finds is taken before its insert
+    monkeypatch.setattr(tenant_services, "_free_slug", lambda base: next(racing, None) or free_slug(base))
+    assert services.tenant_create(name="C1").slug == "c1-2"
+    assert Tenant.objects.filter(slug__startswith="c1").count() == 2
