@@ -192,7 +192,7 @@ CELERY_BEAT_SCHEDULE = {
 }
 
 REST_FRAMEWORK = {
-    "DEFAULT_SCHEMA_CLASS": "drf_standardized_errors.openapi.AutoSchema",
+    "DEFAULT_SCHEMA_CLASS": "tenants.api.schema.PlatformAutoSchema",
     # `Authorization: Bearer <key>` with a manage-scoped key for scripts; the session for the web UI.
     "DEFAULT_AUTHENTICATION_CLASSES": [
         "tenants.api.authentication.ManageKeyAuthentication",

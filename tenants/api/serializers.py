@@ -31,7 +31,9 @@ class TenantSerializer(serializers.ModelSerializer):
 
 class TenantCreateSerializer(serializers.Serializer):
     name = serializers.CharField(max_length=100)
-    slug = serializers.SlugField(max_length=50, required=False)
+    slug = serializers.RegexField(r"^[a-z0-9]+(?:[-_][a-z0-9]+)*$", max_length=50, required=False,
+                                  help_text="Lowercase letters and digits, single '-' or '_' between them; "
+                                            "made from the name when omitted.")
 
 
 class TenantUpdateSerializer(serializers.Serializer):
@@ -114,7 +116,7 @@ class APIKeySerializer(serializers.ModelSerializer):
 class APIKeyCreateSerializer(serializers.Serializer):
     name = serializers.CharField(max_length=50)
     scopes = serializers.ListField(child=serializers.ChoiceField(choices=Scope.choices), min_length=1,
-                                   max_length=len(Scope.choices))
+                                   max_length=10, help_text="Repeats count once.")
     adapter_names = serializers.ListField(child=serializers.CharField(max_length=200), required=False,
                                           max_length=100, help_text="Restrict the key to these adapters.")
     expires_at = serializers.DateTimeField(required=False, allow_null=True)

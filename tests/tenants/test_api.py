@@ -270,3 +270,21 @@ def test_unknown_paths_under_api_are_json_404s(client_for, cast):
             response = getattr(client_for("owner"), method)(path)
             assert response.status_code == 404 and response["Content-Type"].startswith("application/json")
             assert response.json()["errors"][0]["code"] == "not_found"
+
+
+def test_the_schema_documents_the_403s_and_inputs_the_api_answers(client_for, cast):
+    schema = APIClient().get("/api/schema/", HTTP_ACCEPT="application/vnd.oai.openapi+json").json()
+    paths = schema["paths"]
+    for path, method in (("/api/tenants/{slug}/quota/", "patch"), ("/api/tenants/{slug}/keys/", "post"),
+                         ("/api/usage/daily/", "get"), ("/api/me/", "get")):
+        assert "403" in paths[path][method]["responses"], (path, method)
+    inference_key = client_for("inference_key")
+    assert inference_key.get(f"/api/tenants/{cast.tenant.slug}/keys/").status_code == 403  # what it documents
+    operator = client_for("operator")
+    for slug in ("_x_", "Upper", "a--b"):
+        assert operator.post("/api/tenants/", {"name": "X", "slug": slug}, format="json").status_code == 400
+    assert operator.post("/api/tenants/", {"name": "X", "slug": "a_b-c9"}, format="json").status_code == 201
+    owner = client_for("owner")
+    repeated = owner.post(f"/api/tenants/{cast.tenant.slug}/keys/",
+                          {"name": "r", "scopes": ["inference", "inference", "manage"]}, format="json")
+    assert repeated.status_code == 201 and repeated.json()["scopes"] == ["inference", "manage"]
