@@ -35,7 +35,9 @@ class LengthRequired(AdapterServiceError):
 
 
 class UploadStateError(AdapterServiceError):
-    """The upload cannot be completed as it stands (expired, finished, bytes missing or of the wrong size)."""
+    """The upload cannot be completed or aborted as it stands. ``code`` says why: `upload_incomplete` (bytes
+    missing or of the wrong size: PUT them and complete again), `upload_completed`, `upload_aborted`,
+    `upload_expired`, `upload_streaming` (a streamed upload completes in its own request), `adapter_deleted`."""
 
     status = 409
     code = "upload_incomplete"

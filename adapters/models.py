@@ -119,7 +119,8 @@ class AdapterUpload(models.Model):
     created_at = models.DateTimeField(auto_now_add=True)
     expires_at = models.DateTimeField()
     finished_at = models.DateTimeField(null=True, blank=True)
-    purged_at = models.DateTimeField(null=True, blank=True)  # when its staged objects were removed
+    # When the last removal of its staged objects began; a direct upload's is removed again once its URLs are dead.
+    purged_at = models.DateTimeField(null=True, blank=True)
 
     class Meta:
         ordering = ["-created_at", "-id"]

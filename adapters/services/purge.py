@@ -1,9 +1,16 @@
 """Removal of what deleted, failed or abandoned versions and uploads left behind: engines are told to unload
-deleted versions, then their objects and staged bytes are deleted. Idempotent; run by Celery tasks."""
+deleted versions, then their objects and staged bytes are deleted. Idempotent; run by Celery tasks.
+
+A presigned PUT URL cannot be revoked: until it expires it writes under its upload's staging prefix whatever the
+upload's state. So the staged bytes of a closed direct upload are removed once more after its URLs are dead
+(:data:`PRESIGNED_URL_GRACE` past ``expires_at``); only that removal is final.
+"""
 
 import logging
+from datetime import timedelta
 
 from django.conf import settings
+from django.db.models import F, Q, QuerySet
 from django.utils import timezone
 
 from adapters.engine_client import unload_everywhere
@@ -14,19 +21,44 @@ from adapters.storage import StoreUnavailable, object_store, staging_prefix
 logger = logging.getLogger(__name__)
 UNLOAD_TIMEOUT_S = 10
 Status = AdapterVersion.Status
+# How long after an upload's expires_at its presigned URLs may still write: the URLs are signed a moment after
+# expires_at is set, the store checks expiry when a request starts (a PUT begun just before may take minutes
+# to finish), and its clock may differ from ours.
+PRESIGNED_URL_GRACE = timedelta(minutes=15)
+# Closed uploads whose staged bytes one sweep removes at most (the rest wait for the next one).
+SWEEP_MAX_UPLOADS = 500
 
 
 def upload_staging_purge(upload: AdapterUpload) -> bool:
-    """Delete an upload's staged objects and unfinished multipart uploads; False if the store is down."""
-    store, prefix = object_store(), staging_prefix(upload.uuid)
+    """Delete an upload's staged objects and unfinished multipart uploads; False if the store is down.
+
+    ``purged_at`` records when the removal began: anything that arrived after that is still there."""
+    store, prefix, began = object_store(), staging_prefix(upload.uuid), timezone.now()
     try:
         store.abort_multipart_uploads(prefix)
-        store.delete_prefix(prefix)
+        removed = store.delete_prefix(prefix)
     except StoreUnavailable as exc:
         logger.warning("staged bytes of upload %s not removed yet: %s", upload.uuid, exc)
         return False
-    AdapterUpload.objects.filter(pk=upload.pk).update(purged_at=timezone.now())
+    if removed and upload.purged_at is not None:
+        logger.warning("removed %d objects that arrived under upload %s after it was closed", removed, upload.uuid)
+    AdapterUpload.objects.filter(pk=upload.pk).update(purged_at=began)
+    upload.purged_at = began
     return True
+
+
+def _uploads_to_purge() -> QuerySet[AdapterUpload]:
+    """Closed uploads whose staging prefix may hold objects: never purged, or (direct uploads) last purged while
+    their presigned URLs could still write, and dead now. Completed uploads wait until their live version is
+    validated (validation reads the staged bytes)."""
+    dead_before = timezone.now() - PRESIGNED_URL_GRACE
+    closed = AdapterUpload.objects.exclude(status=AdapterUpload.Status.PENDING).exclude(
+        status=AdapterUpload.Status.COMPLETED, version__deleted_at__isnull=True,
+        version__status__in=[Status.UPLOADED, Status.VALIDATING],
+    )
+    purged_while_urls_lived = Q(presigned=True, expires_at__lte=dead_before,
+                                purged_at__lt=F("expires_at") + PRESIGNED_URL_GRACE)
+    return closed.filter(Q(purged_at__isnull=True) | purged_while_urls_lived).order_by("expires_at", "pk")
 
 
 def _unload(version: AdapterVersion, *, require_unload: bool) -> None:
@@ -79,7 +111,8 @@ def adapter_purge(*, adapter_id: int, require_unload: bool = True) -> int:
 
 def registry_sweep() -> dict[str, int]:
     """What tasks may have left (a lost task, a store outage): purge failed and deleted versions and finished
-    uploads whose objects remain. Run by Celery beat; cheap when there is nothing to do."""
+    uploads whose objects remain, and what presigned URLs wrote after their upload was closed (once they are
+    dead). Run by Celery beat; cheap when there is nothing to do."""
     versions = AdapterVersion.objects.filter(purged_at__isnull=True).filter(
         deleted_at__isnull=False) | AdapterVersion.objects.filter(purged_at__isnull=True, status=Status.FAILED)
     purged = 0
@@ -88,8 +121,5 @@ def registry_sweep() -> dict[str, int]:
             purged += adapter_version_purge(version_id=pk, require_unload=False)
         except TransientFailure as exc:
             logger.warning("sweep: %s", exc)
-    finished = AdapterUpload.objects.filter(purged_at__isnull=True).exclude(status=AdapterUpload.Status.PENDING)
-    finished = finished.exclude(status=AdapterUpload.Status.COMPLETED, version__status__in=[Status.UPLOADED,
-                                                                                              Status.VALIDATING])
-    uploads = sum(upload_staging_purge(upload) for upload in finished)
+    uploads = sum(upload_staging_purge(upload) for upload in _uploads_to_purge()[:SWEEP_MAX_UPLOADS])
     return {"versions": purged, "uploads": uploads}

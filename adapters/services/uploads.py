@@ -92,7 +92,12 @@ def part_sizes(size: int) -> list[int]:
 def upload_create_presigned(*, tenant: Tenant, adapter: Adapter, files: list[dict],
                             created_by=None) -> tuple[AdapterUpload, list[dict]]:
     """Reserve quota for the declared files and return presigned PUT targets on the public S3 endpoint:
-    ``[{"name", "size", "part_sizes", "urls"}]``, one URL per part; each URL only takes its exact length."""
+    ``[{"name", "size", "part_sizes", "urls"}]``, one URL per part; each URL only takes its exact length.
+
+    Every file but an empty one goes up as a multipart upload, even in one part: a plain presigned PUT cannot be
+    revoked and would keep writing after the upload is completed or aborted, outside the quota, while a part
+    URL dies with its multipart upload, which both end. (An empty file's PUT can only write an empty object;
+    that, and whatever a PUT in flight still writes, the sweep removes once the URLs are dead.)"""
     files = _checked_files(files)
     upload = _reserve(tenant=tenant, adapter=adapter, declared_bytes=sum(f["size"] for f in files), files=files,
                       presigned=True, created_by=created_by)
@@ -101,7 +106,7 @@ def upload_create_presigned(*, tenant: Tenant, adapter: Adapter, files: list[dic
     try:
         for item in upload.files:
             sizes = part_sizes(item["size"])
-            if len(sizes) == 1:
+            if item["size"] == 0:
                 urls = [store.presign_put(item["key"], item["size"], ttl)]
             else:
                 item["multipart_id"] = store.create_multipart(item["key"])
@@ -125,7 +130,13 @@ def upload_complete(*, tenant: Tenant, upload: AdapterUpload, received: list[dic
     """Turn the staged bytes into a new version (status `uploaded`) and enqueue its validation.
 
     Presigned uploads: every declared file must be in the store with exactly its declared size (multipart
-    uploads are completed here). Streamed uploads: ``received`` lists what was staged."""
+    uploads are completed here). Streamed uploads: ``received`` lists what the request staged; a streamed
+    upload is completed by its own request only. UploadStateError (409) with the code of what stands in the
+    way (:func:`_check_open`), checked before the store is asked anything."""
+    _check_open(upload, upload.adapter)
+    if not upload.presigned and received is None:
+        raise UploadStateError("The upload is being streamed; it completes when the request sending its files "
+                               "ends.", code="upload_streaming")
     if upload.presigned:
         files = _finish_presigned(upload)
     else:
@@ -133,6 +144,26 @@ def upload_complete(*, tenant: Tenant, upload: AdapterUpload, received: list[dic
         if not files:
             raise ValidationError({"files": "The upload holds no file."})
     return _complete(tenant=tenant, upload=upload, files=files)
+
+
+def _check_open(upload: AdapterUpload, adapter: Adapter) -> None:
+    """UploadStateError unless the upload may still be completed. Each closed state has its own code, so that a
+    client repeating a complete learns what became of the upload, not what the store lacks now that its
+    staged bytes are gone."""
+    if adapter.deleted_at is not None:  # its pending uploads were aborted with it: say why
+        raise UploadStateError("The adapter has been deleted.", code="adapter_deleted")
+    if upload.status == AdapterUpload.Status.COMPLETED:
+        raise UploadStateError(f"The upload is already completed{_as_version(upload)}.", code="upload_completed")
+    # A direct upload closed at or after its expiry expired (the sweep aborts those), whoever closed it.
+    if upload.presigned and upload.expires_at <= (upload.finished_at or timezone.now()):
+        raise UploadStateError("The upload has expired; start a new one.", code="upload_expired")
+    if upload.status == AdapterUpload.Status.ABORTED:
+        raise UploadStateError("The upload was aborted; start a new one.", code="upload_aborted")
+
+
+def _as_version(upload: AdapterUpload) -> str:
+    version = upload.version
+    return "" if version is None else f" as version {version.number}"
 
 
 def _finish_presigned(upload: AdapterUpload) -> list[dict]:
@@ -160,6 +191,8 @@ def _finish_multipart(store, item: dict) -> None:
     except ObjectMissing:
         return  # completed by an earlier call of complete
     expected = part_sizes(item["size"])
+    if not parts:
+        raise UploadStateError(f"{item['name']} has not been uploaded.")
     if [p["size"] for p in parts] != expected:
         raise UploadStateError(f"{item['name']}: {len(parts)} of {len(expected)} parts are uploaded with the "
                                "declared sizes.")
@@ -172,12 +205,7 @@ def _complete(*, tenant: Tenant, upload: AdapterUpload, files: list[dict]) -> Ad
 
     adapter = locked(Adapter.objects).get(pk=upload.adapter_id)
     upload = locked(AdapterUpload.objects).get(pk=upload.pk, tenant=tenant)
-    if upload.status != AdapterUpload.Status.PENDING:
-        raise UploadStateError(f"The upload is {upload.status}.")
-    if upload.presigned and upload.expires_at <= timezone.now():
-        raise UploadStateError("The upload has expired; start a new one.", code="upload_expired")
-    if adapter.deleted_at is not None:
-        raise UploadStateError("The adapter has been deleted.", code="adapter_deleted")
+    _check_open(upload, adapter)  # again, under the locks: a concurrent complete, abort or delete may have won
     number = adapter.next_version
     adapter.next_version = number + 1
     adapter.save(update_fields=["next_version", "updated_at"])
@@ -194,11 +222,14 @@ def _complete(*, tenant: Tenant, upload: AdapterUpload, files: list[dict]) -> Ad
 
 
 def upload_abort(*, tenant: Tenant, upload: AdapterUpload) -> AdapterUpload:
-    """Abort a pending upload (its quota reservation ends now) and remove what it staged."""
+    """Abort a pending upload (its quota reservation ends now) and remove what it staged. Aborting an aborted
+    upload removes its staged bytes again; a completed one is refused with `upload_completed` (its bytes are
+    a version now, deleted as one)."""
     with transaction.atomic():
         upload = locked(AdapterUpload.objects).get(pk=upload.pk, tenant=tenant)
         if upload.status == AdapterUpload.Status.COMPLETED:
-            raise UploadStateError("The upload is completed; delete its version instead.")
+            raise UploadStateError(f"The upload is already completed{_as_version(upload)}; delete the version "
+                                   "instead.", code="upload_completed")
         if upload.status == AdapterUpload.Status.PENDING:
             upload.status, upload.finished_at = AdapterUpload.Status.ABORTED, timezone.now()
             upload.save(update_fields=["status", "finished_at"])

@@ -1,7 +1,10 @@
 """The adapter API in-process (DRF test client, real database and S3): every endpoint with owner, teammate,
 outsider, operator, a manage key, an inference key and anonymous; then what the endpoints do."""
 
+from datetime import timedelta
+
 import pytest
+from django.utils import timezone
 
 from adapters import services
 from adapters.models import AdapterUpload, AdapterVersion
@@ -199,7 +202,78 @@ def test_a_direct_upload_through_the_api(owner, cast, tiny_good_adapter):
     state = owner.get(f"{uploads}{upload_id}/").json()
     declared = sum(f["size"] for f in files)
     assert (state["status"], state["version"], state["declared_bytes"]) == ("completed", 1, declared)
-    assert _error(owner.post(f"{uploads}{upload_id}/complete/")) == (409, "upload_incomplete")  # only once
+    assert _error(owner.post(f"{uploads}{upload_id}/complete/")) == (409, "upload_completed")  # only once
+
+
+def _upload_in(state: str, owner, cast, adapter_dir) -> str:
+    """The id of an upload of adapter `sql` in ``state``, reached the way clients (or the sweep) reach it."""
+    adapter = cast.tenant.adapters.get(name="sql")
+    uploads = f"/api/tenants/{cast.tenant.slug}/adapters/sql/uploads/"
+    kind, _, step = state.partition(" ")
+    if kind == "streamed":
+        if step == "completed":
+            with open(adapter_dir / CONFIG, "rb") as config, open(adapter_dir / WEIGHTS, "rb") as weights:
+                response = owner.post(versions_path(cast), {"files": [config, weights]}, format="multipart")
+            assert response.status_code == 202, response.content
+            return str(AdapterUpload.objects.get(adapter=adapter).uuid)
+        upload = services.upload_begin_streamed(tenant=cast.tenant, adapter=adapter, num_bytes=10)  # in flight
+        if step == "aborted":
+            services.upload_abort(tenant=cast.tenant, upload=upload)
+        return str(upload.uuid)
+    paths = [adapter_dir / CONFIG, adapter_dir / WEIGHTS]
+    created = owner.post(uploads, {"files": [{"name": p.name, "size": p.stat().st_size} for p in paths]},
+                         format="json").json()
+    upload_id = created["upload"]["id"]
+    if step == "completed":
+        put_targets(created["targets"], paths)
+        assert owner.post(f"{uploads}{upload_id}/complete/").status_code == 202
+    elif step == "aborted":
+        assert owner.delete(f"{uploads}{upload_id}/").status_code == 204
+    elif step.startswith("expired"):
+        AdapterUpload.objects.filter(uuid=upload_id).update(expires_at=timezone.now() - timedelta(seconds=1))
+        if step == "expired-swept":
+            assert services.uploads_expire() == 1
+    return upload_id
+
+
+# (state, complete's 409 code, DELETE's answer, complete's code after that DELETE)
+CLOSING = [
+    ("presigned pending", "upload_incomplete", 204, "upload_aborted"),
+    ("presigned completed", "upload_completed", "upload_completed", "upload_completed"),
+    ("presigned aborted", "upload_aborted", 204, "upload_aborted"),
+    ("presigned expired", "upload_expired", 204, "upload_expired"),
+    ("presigned expired-swept", "upload_expired", 204, "upload_expired"),
+    ("streamed pending", "upload_streaming", 204, "upload_aborted"),
+    ("streamed completed", "upload_completed", "upload_completed", "upload_completed"),
+    ("streamed aborted", "upload_aborted", 204, "upload_aborted"),
+]
+DETAILS = {"upload_incomplete": "adapter_config.json has not been uploaded.",
+           "upload_completed": "The upload is already completed as version 1",
+           "upload_aborted": "The upload was aborted; start a new one.",
+           "upload_expired": "The upload has expired; start a new one.",
+           "upload_streaming": "The upload is being streamed"}
+
+
+@pytest.mark.parametrize(("state", "on_complete", "on_delete", "then_on_complete"), CLOSING,
+                         ids=[state for state, *_ in CLOSING])
+def test_completing_or_aborting_says_what_became_of_the_upload(owner, cast, tiny_good_adapter, state, on_complete,
+                                                               on_delete, then_on_complete):
+    upload_id = _upload_in(state, owner, cast, tiny_good_adapter)
+    path = f"/api/tenants/{cast.tenant.slug}/adapters/sql/uploads/{upload_id}/"
+
+    def check(response, code):
+        assert _error(response) == (409, code), response.content
+        assert response.json()["errors"][0]["detail"].startswith(DETAILS[code])
+
+    check(owner.post(path + "complete/"), on_complete)
+    deleted = owner.delete(path)
+    if on_delete == 204:
+        assert deleted.status_code == 204, deleted.content
+    else:
+        check(deleted, on_delete)
+        assert "delete the version instead" in deleted.json()["errors"][0]["detail"]
+    check(owner.post(path + "complete/"), then_on_complete)
+    assert AdapterVersion.objects.filter(adapter__tenant=cast.tenant).count() == ("completed" in state)
 
 
 def test_adapter_count_quota_answers_409(owner, cast):
@@ -252,6 +326,11 @@ def test_the_adapter_api_is_in_the_openapi_schema(client_for):
     assert set(upload["requestBody"]["content"]) == {"multipart/form-data", "application/zip", "application/gzip"}
     assert {"202", "401", "403", "404", "409", "411", "413", "503"} <= set(upload["responses"])
     assert all(op["tags"] == ["adapters"] for path in expected for op in paths[path].values() if "tags" in op)
+    complete = paths[base + "{name}/uploads/{upload_id}/complete/"]["post"]
+    codes = ("upload_incomplete", "upload_completed", "upload_aborted", "upload_expired", "upload_streaming")
+    assert "409" in complete["responses"] and all(f"`{code}`" in complete["description"] for code in codes)
+    abort = paths[base + "{name}/uploads/{upload_id}/"]["delete"]
+    assert "409" in abort["responses"] and "`upload_completed`" in abort["description"]
 
 
 def test_a_big_streamed_upload_goes_to_the_store_in_parts(settings, monkeypatch, owner, cast, tiny_good_adapter,

@@ -1,9 +1,11 @@
 """Services and selectors with the real database and the real S3 (SeaweedFS), validation run in-process against
 the tiny model: adapters and their quota, direct uploads (single and multipart) to `ready`, storage accounting,
-resolution for the gateway, idempotent and retried validation, deletion and purge."""
+resolution for the gateway, idempotent and retried validation, deletion and purge, and closed direct uploads
+whose URLs write nothing that stays."""
 
 import hashlib
 import random
+import time
 from datetime import timedelta
 
 import httpx
@@ -298,3 +300,93 @@ def test_presigned_urls_point_browsers_at_the_public_endpoint(settings, tenant, 
                                                                                             "size": 10}])
     url = targets[0]["urls"][0]
     assert url.startswith("https://files.example.com/lora-adapters/uploads/") and "content-length" in url
+
+
+# ---------------------------------------------------------------- closed direct uploads: their URLs write nothing
+
+BLOB = 3 << 20  # the reviewer's 3 MiB
+
+
+def test_aborting_a_direct_upload_ends_its_urls(tenant, adapter):
+    upload, targets = services.upload_create_presigned(tenant=tenant, adapter=adapter,
+                                                       files=[{"name": "blob", "size": BLOB}])
+    services.upload_abort(tenant=tenant, upload=upload)
+    response = httpx.put(targets[0]["urls"][0], content=b"x" * BLOB, timeout=30)
+    assert response.status_code == 404, response.text  # the store no longer knows the multipart upload
+    assert keys_under(staging_prefix(upload.uuid)) == []
+    assert selectors.adapter_storage_used(tenant=tenant) == 0
+
+
+def test_completing_a_direct_upload_ends_its_urls(tenant, adapter, tiny_good_adapter):
+    paths = good_files(tiny_good_adapter)
+    upload, targets = services.upload_create_presigned(
+        tenant=tenant, adapter=adapter, files=[{"name": p.name, "size": p.stat().st_size} for p in paths])
+    assert all(len(target["urls"]) == 1 for target in targets)  # small files: one part each
+    put_targets(targets, paths)
+    version = validate(services.upload_complete(tenant=tenant, upload=upload))
+    assert version.status == READY and keys_under(staging_prefix(upload.uuid)) == []
+    for target, path in zip(targets, paths, strict=True):
+        response = httpx.put(target["urls"][0], content=path.read_bytes(), timeout=30)
+        assert response.status_code == 404, response.text
+    assert keys_under(staging_prefix(upload.uuid)) == []
+
+
+def test_what_a_plain_put_url_writes_after_the_abort_is_swept_once_it_is_dead(monkeypatch, settings, tenant,
+                                                                               adapter):
+    settings.ADAPTER_UPLOAD_TTL_S = 2
+    monkeypatch.setattr("adapters.services.purge.PRESIGNED_URL_GRACE", timedelta(seconds=1), raising=False)
+    upload, _ = services.upload_create_presigned(tenant=tenant, adapter=adapter,
+                                                 files=[{"name": "blob", "size": BLOB}])
+    key, prefix = upload.files[0]["key"], staging_prefix(upload.uuid)
+    # A URL no one can revoke, as uploads created before every file went up in parts were given.
+    plain_url = object_store().presign_put(key, BLOB, settings.ADAPTER_UPLOAD_TTL_S)
+    services.upload_abort(tenant=tenant, upload=upload)
+    assert httpx.put(plain_url, content=b"x" * BLOB, timeout=30).status_code == 200
+    assert services.registry_sweep()["uploads"] == 0  # the URL still lives: a removal now would not be the last
+    assert keys_under(prefix) == [key]
+
+    time.sleep(max(0.0, (upload.expires_at - timezone.now()).total_seconds()) + 1.5)
+    assert httpx.put(plain_url, content=b"x" * BLOB, timeout=30).status_code == 403  # expired
+    assert services.registry_sweep()["uploads"] == 1
+    assert keys_under(prefix) == []
+    assert AdapterUpload.objects.get(pk=upload.pk).purged_at > upload.expires_at + timedelta(seconds=1)
+    assert services.registry_sweep()["uploads"] == 0  # that removal was the last: the sweep is done with it
+
+
+def test_the_sweep_removes_what_arrived_after_a_completed_upload_and_keeps_the_version(tenant, adapter,
+                                                                                        tiny_good_adapter):
+    version = presigned_upload(tenant, adapter, good_files(tiny_good_adapter))
+    upload, prefix = version.upload, staging_prefix(version.upload.uuid)
+    closed = timezone.now() - timedelta(hours=2)  # completed and validated while its URLs lived, long ago
+    AdapterUpload.objects.filter(pk=upload.pk).update(expires_at=closed + timedelta(minutes=30))
+    assert services.registry_sweep()["uploads"] == 0  # not validated yet: validation reads the staged bytes
+    assert len(keys_under(prefix)) == 2
+    version = validate(version)
+    assert version.status == READY and keys_under(prefix) == []
+    AdapterUpload.objects.filter(pk=upload.pk).update(purged_at=closed)
+    object_store().put_bytes(upload.files[0]["key"], b"x" * 1000)  # a PUT its URLs still took
+    assert services.registry_sweep()["uploads"] == 1
+    assert keys_under(prefix) == [] and len(keys_under(version.storage_prefix)) == 2
+    assert selectors.adapter_resolve(tenant_id=tenant.pk, ref="sql-helper:1") is not None
+    assert services.registry_sweep()["uploads"] == 0
+
+
+def test_an_expired_upload_is_aborted_then_swept_again_once_its_urls_are_dead(tenant, adapter):
+    upload, _ = services.upload_create_presigned(tenant=tenant, adapter=adapter, files=[{"name": "a", "size": 5}])
+    expired = timezone.now() - timedelta(seconds=1)
+    AdapterUpload.objects.filter(pk=upload.pk).update(expires_at=expired)
+    assert services.uploads_expire() == 1
+    assert services.registry_sweep()["uploads"] == 0  # aborted and purged, its URLs in their grace period
+    AdapterUpload.objects.filter(pk=upload.pk).update(expires_at=expired - timedelta(hours=1),
+                                                      purged_at=expired - timedelta(minutes=50))
+    assert services.registry_sweep()["uploads"] == 1
+    assert services.registry_sweep()["uploads"] == 0
+
+
+def test_an_empty_file_gets_a_plain_put_url(tenant, adapter):
+    upload, targets = services.upload_create_presigned(tenant=tenant, adapter=adapter,
+                                                       files=[{"name": "empty", "size": 0}])
+    upload.refresh_from_db()
+    assert "multipart_id" not in upload.files[0]  # it can only ever write an empty object
+    assert httpx.put(targets[0]["urls"][0], content=b"").status_code == 200
+    assert services.upload_complete(tenant=tenant, upload=upload).upload_bytes == 0

@@ -5,6 +5,10 @@ presigned URLs (on the public S3 endpoint; each URL takes exactly its declared l
     PUT  each target URL         the bytes of that part
     POST .../uploads/<id>/complete/                                  -> 202 the new version (validating)
     DELETE .../uploads/<id>/                                         -> 204 aborted, staged bytes removed
+
+Completing or aborting ends the upload's URLs (what a PUT in flight still writes is swept once they expire).
+Completing a closed upload, or aborting a completed one, answers 409 with a code naming its state
+(adapters.errors.UploadStateError).
 """
 
 from drf_spectacular.utils import extend_schema
@@ -54,7 +58,8 @@ class UploadDetailView(ServiceErrorsMixin, APIView):
 
     @extend_schema(request=None, responses={204: None, **error_responses(409)})
     def delete(self, request, slug: str, name: str, upload_id):
-        """Abort a pending upload and remove its staged bytes."""
+        """Abort a pending upload and remove its staged bytes (again, for an upload already aborted or expired).
+        409 `upload_completed` when it became a version: delete the version instead."""
         access, upload = _upload(request, slug, name, upload_id, WRITE_ROLE)
         services.upload_abort(tenant=access.tenant, upload=upload)
         return Response(status=status.HTTP_204_NO_CONTENT)
@@ -65,8 +70,9 @@ class UploadCompleteView(ServiceErrorsMixin, APIView):
     @extend_schema(request=None, responses={202: AdapterVersionSerializer, **error_responses(409, 503)})
     def post(self, request, slug: str, name: str, upload_id):
         """Check every declared file is in the store with its exact size and make the new version; it is
-        validated in the background. 409 `upload_incomplete` (PUT what is missing and complete again) or
-        `upload_expired`."""
+        validated in the background. 409 `upload_incomplete` (PUT what is missing and complete again); for an
+        upload that cannot be completed any more, 409 `upload_completed`, `upload_aborted` or `upload_expired`
+        (start a new one), or `upload_streaming` (a streamed upload completes in the request sending it)."""
         access, upload = _upload(request, slug, name, upload_id, WRITE_ROLE)
         version = services.upload_complete(tenant=access.tenant, upload=upload)
         return Response(AdapterVersionSerializer(version).data, status=status.HTTP_202_ACCEPTED)
