@@ -3,8 +3,8 @@
 from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
-from adapters.models import Adapter, AdapterUpload, AdapterVersion
-from adapters.refs import MAX_NAME_LENGTH
+from adapters.models import Adapter, AdapterUpload, AdapterVersion, name_validator
+from adapters.refs import ADAPTER_NAME_PATTERN, MAX_NAME_LENGTH
 from adapters.services.adapters import MAX_DESCRIPTION
 from adapters.staging import MAX_FILES
 
@@ -25,8 +25,9 @@ class AdapterSerializer(serializers.ModelSerializer):
 
 
 class AdapterCreateSerializer(serializers.Serializer):
-    name = serializers.CharField(max_length=MAX_NAME_LENGTH,
-                                 help_text="Letters, digits, '.', '_', '-'; callers use `name` or `name:version`.")
+    name = serializers.RegexField(f"^{ADAPTER_NAME_PATTERN}$", max_length=MAX_NAME_LENGTH,
+                                  error_messages={"invalid": name_validator.message},
+                                  help_text="Letters, digits, '.', '_', '-'; callers use `name` or `name:version`.")
     description = serializers.CharField(max_length=MAX_DESCRIPTION, required=False, allow_blank=True, default="")
 
 

@@ -313,7 +313,7 @@ def test_a_session_upload_carries_its_csrf_token_in_the_header(cast, s3, tiny_ba
         assert not AdapterUpload.objects.filter(tenant=cast.tenant).exists()
 
 
-def test_the_adapter_api_is_in_the_openapi_schema(client_for):
+def test_the_adapter_api_is_in_the_openapi_schema(client_for, cast):
     response = client_for("operator").get("/api/schema/", HTTP_ACCEPT="application/vnd.oai.openapi+json")
     paths = response.json()["paths"]
     base = "/api/tenants/{slug}/adapters/"
@@ -331,6 +331,11 @@ def test_the_adapter_api_is_in_the_openapi_schema(client_for):
     assert "409" in complete["responses"] and all(f"`{code}`" in complete["description"] for code in codes)
     abort = paths[base + "{name}/uploads/{upload_id}/"]["delete"]
     assert "409" in abort["responses"] and "`upload_completed`" in abort["description"]
+    name = response.json()["components"]["schemas"]["AdapterCreateRequest"]["properties"]["name"]
+    assert name["pattern"] == "^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$"  # what the API enforces
+    for bad in ("a/b", "x:1", "-x", "ü"):
+        refused = client_for("owner").post(f"/api/tenants/{cast.tenant.slug}/adapters/", {"name": bad}, format="json")
+        assert refused.status_code == 400 and "adapter name" in refused.json()["errors"][0]["detail"], bad
 
 
 def test_a_big_streamed_upload_goes_to_the_store_in_parts(settings, monkeypatch, owner, cast, tiny_good_adapter,
