@@ -137,8 +137,15 @@ async def _reconnecting(query, /, *args, **kwargs):
     try:
         return await query(*args, **kwargs)
     except (InterfaceError, OperationalError):
-        await sync_to_async(connection.close)()
+        await sync_to_async(_close_connection)()
         return await query(*args, **kwargs)
+
+
+def _close_connection() -> None:
+    # `connection` resolves to the calling thread's connection: look it up on the ORM thread, where the broken one
+    # lives (`sync_to_async(connection.close)` would take the event loop thread's, which Django refuses to close
+    # from another thread, and the broken connection would stay for good).
+    connection.close()
 
 
 def _shape_failure(raw_key: str | None) -> AuthFailure | None:

@@ -198,3 +198,25 @@ def test_expiry_is_enforced_from_the_cache_without_a_lookup(gateway):
     assert gateway.ask(raw) == {"ok": True, "db_lookups": 1, "tenant": "t-expire", "requests_per_minute": DEFAULT_RPM}
     time.sleep(max(0.0, (expires_at - timezone.now()).total_seconds()) + 0.2)
     assert gateway.ask(raw) == {"ok": False, "db_lookups": 1, "reason": "expired"}
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_dropped_database_connection_is_replaced_on_the_thread_that_owns_it(redis_db, monkeypatch):
+    """A lookup that finds its connection dropped (a database restart) reconnects and succeeds; before, the close
+    ran against the event loop thread's connection, Django refused it, and every later lookup failed."""
+    from django.db import OperationalError
+
+    from tenants import selectors
+
+    _, raw = services.api_key_create(tenant=TenantFactory(), name="k", scopes=["inference"])
+    real, calls = selectors.api_key_lookup_async, []
+
+    async def flaky(raw_key):
+        calls.append(raw_key)
+        if len(calls) == 1:
+            raise OperationalError("server closed the connection unexpectedly")
+        return await real(raw_key)
+
+    monkeypatch.setattr(selectors, "api_key_lookup_async", flaky)
+    (result,), _ = authenticate_in_process(raw)
+    assert isinstance(result, KeyInfo) and len(calls) == 2
