@@ -87,6 +87,13 @@ if DATABASES["default"]["ENGINE"].endswith("sqlite3"):
     # transaction that reads before it writes cannot wait for the lock, an immediate one can.
     DATABASES["default"]["OPTIONS"] = {"transaction_mode": "IMMEDIATE", "timeout": 20,
                                        "init_command": "PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL;"}
+else:
+    # A server that cannot be reached fails a connection in seconds, and a peer gone silent (host down, network
+    # cut) is noticed by TCP instead of a query waiting on it for good. Options given in the URL win.
+    DATABASES["default"]["OPTIONS"] = {
+        "connect_timeout": env_int("DATABASE_CONNECT_TIMEOUT_S", 5, minimum=1),
+        "keepalives": 1, "keepalives_idle": 30, "keepalives_interval": 10, "keepalives_count": 3,
+        "tcp_user_timeout": 30_000, **DATABASES["default"].get("OPTIONS", {})}
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
 AUTH_PASSWORD_VALIDATORS = [
@@ -112,6 +119,8 @@ STATIC_ROOT = Path(env_str("STATIC_ROOT", str(STATE_DIR / "staticfiles")))
 REDIS_URL = env_url("REDIS_URL", "redis://127.0.0.1:6379/0", schemes=("redis", "rediss", "unix"))
 # Connections per event loop of a gateway process to REDIS_URL (quota scripts, key-cache generation).
 REDIS_POOL_SIZE = env_int("REDIS_POOL_SIZE", 64, minimum=1)
+# Longest wait for Redis to connect or answer one command in a gateway process; past it the request gets a 503.
+REDIS_TIMEOUT_S = env_int("REDIS_TIMEOUT_S", 2, minimum=1)
 CELERY_BROKER_URL = env_url("CELERY_BROKER_URL", REDIS_URL, schemes=("redis", "rediss", "unix", "amqp"))
 CELERY_RESULT_BACKEND = None
 CELERY_TASK_ACKS_LATE = True
@@ -147,6 +156,12 @@ GATEWAY_ENGINE_CONNECT_TIMEOUT_MS = env_int("GATEWAY_ENGINE_CONNECT_TIMEOUT_MS",
 GATEWAY_ENGINE_READ_TIMEOUT_S = env_int("GATEWAY_ENGINE_READ_TIMEOUT_S", 120, minimum=1)
 # Connections per event loop of a gateway process to all engines together (one per open stream).
 GATEWAY_MAX_ENGINE_CONNECTIONS = env_int("GATEWAY_MAX_ENGINE_CONNECTIONS", 1024, minimum=1)
+# The longest a gateway database query (usage row, adapter or key lookup) may take before the request it serves gives
+# up on it (503, or the usage row is kept and written later).
+GATEWAY_DB_TIMEOUT_S = env_int("GATEWAY_DB_TIMEOUT_S", 5, minimum=1)
+# Usage rows and settles a stopping gateway process could not hand over (database or Redis down) are kept here and
+# replayed by the next process to start (gateway.spool).
+GATEWAY_SPOOL_DIR = env_str("GATEWAY_SPOOL_DIR", str(STATE_DIR / "gateway-spool"))
 # Bearer token Prometheus must send to GET /metrics; empty: the endpoint is open (keep it off the public proxy).
 METRICS_TOKEN = env_str("METRICS_TOKEN", "")
 

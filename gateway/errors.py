@@ -56,3 +56,23 @@ def model_not_found(model: str) -> GatewayError:
     key's adapters: identical in every case, so it reveals nothing."""
     return GatewayError(404, f"The model '{model}' does not exist or you do not have access to it.",
                         code="model_not_found", param="model")
+
+
+RETRY_AFTER_OUTAGE_S = 1
+
+
+def outage_error(exc: BaseException) -> GatewayError | None:
+    """The 503 (with Retry-After, so OpenAI clients retry) for a failure of a service every request needs: Redis
+    (quotas, key checks) or the database (keys, adapters) not answering. None for any other exception."""
+    from django.db import InterfaceError, OperationalError
+    from redis.exceptions import ConnectionError as RedisConnectionError
+    from redis.exceptions import TimeoutError as RedisTimeoutError
+
+    if isinstance(exc, RedisConnectionError | RedisTimeoutError):
+        what = "rate limiter"
+    elif isinstance(exc, OperationalError | InterfaceError):
+        what = "database"
+    else:
+        return None
+    return GatewayError(503, f"The service is briefly unavailable (its {what} is not answering); retry shortly.",
+                        code="service_unavailable", headers={"Retry-After": str(RETRY_AFTER_OUTAGE_S)})

@@ -13,7 +13,7 @@ from django.views.decorators.csrf import csrf_exempt
 
 from gateway import metrics
 from gateway.callers import Caller, caller_from_key, caller_from_session, provisional_caller
-from gateway.errors import GatewayError
+from gateway.errors import GatewayError, outage_error
 from gateway.pipeline import run_generation
 from gateway.targets import model_detail, model_list
 from tenants.limiter import peek
@@ -39,6 +39,13 @@ def openai_endpoint(endpoint: str, method: str):
                 response = exc.response()
             except RequestDataTooBig:
                 response = GatewayError(413, "The request body is too large.", code="body_too_large").response()
+            except Exception as exc:
+                outage = outage_error(exc)
+                if outage is None:
+                    raise
+                logger.warning("%s answered 503: %r", endpoint, exc)
+                state.pop("caller", None)  # no x-ratelimit-* headers: they would wait on the same outage
+                response = outage.response()
             if "caller" in state and "x-ratelimit-limit-requests" not in response:
                 try:
                     await _add_rate_headers(response, state["caller"])

@@ -7,6 +7,7 @@
 --       11 ms until the next month
 -- Returns {status, reason, retry_ms, requests_used, tokens_used, reset_ms, month_used}; status is
 -- 'ok', 'refused' or 'rebuild' (the month counter is gone: rebuild it from the usage table, then call again).
+-- Idempotent: a reservation id already admitted (its record exists) is answered 'ok' without taking more.
 local CHUNK = 500
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
@@ -42,6 +43,11 @@ redis.call('ZREMRANGEBYSCORE', KEYS[4], '-inf', now)
 
 local requests_used = redis.call('ZCARD', KEYS[1])
 local concurrent = redis.call('ZCARD', KEYS[4])
+
+-- Sent again (its reply was lost with a connection): it was admitted once, and only once.
+if redis.call('EXISTS', KEYS[6]) == 1 then
+  return {'ok', '', 0, requests_used, tokens_used, window, month_used}
+end
 
 -- When enough tokens will have left the window for `need` more: walk the log from its oldest entry.
 local function tokens_free_in(need)
