@@ -4,16 +4,32 @@ The counts are the engine's cumulative usage as last relayed to the client, so a
 for what it produced up to there. The bookkeeping runs in its own task: cancelling the streaming coroutine (a
 client disconnect) cannot interrupt it halfway, and a second ``finish`` only waits for the first.
 
+Nothing is dropped when Redis or the database fails, and neither holds back an answer:
+
+- A settle Redis does not take (down, restarting, frozen) is sent again, with backoff, until it does (a settle
+  closes its reservation once, so a repeat is harmless): the tenant's slot and the month's count are corrected
+  when Redis is back, instead of the slot staying taken until its TTL and the whole reservation staying charged.
+- A usage row the database does not take (unreachable, not answering) stays queued, with its own request time,
+  and is written when the database is back (the insert ignores a request id already written). A row the
+  database refuses for its content is logged and counted, and costs only itself.
+- The answer waits for the settle at most SETTLE_WAIT_S (so the client's next request sees its quota corrected)
+  and for the usage row at most ROW_WAIT_S (not at all while the database is known to be down); past that both
+  go on in the background.
+
 Rows are written in groups (group commit): one writer per event loop inserts, in one statement, every row that
 finished while its previous insert ran. A request alone waits for nothing; sixteen streams ending in the same
-step cost one INSERT and one commit instead of sixteen. A group the database refuses is retried row by row, so a
-bad row costs only itself.
+step cost one INSERT and one commit instead of sixteen.
 """
 
 import asyncio
 import logging
 import time
 import weakref
+
+from django.db import InterfaceError, OperationalError
+from django.utils import timezone
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from gateway import metrics
 from gateway.callers import Caller
@@ -24,6 +40,14 @@ from tenants.models import UsageStatus
 from tenants.services import usage_record_create_async, usage_records_create_async
 
 logger = logging.getLogger("gateway.metering")
+
+SETTLE_WAIT_S = 0.5  # the longest an answer waits for its settle (before [DONE])
+ROW_WAIT_S = 2.0  # the longest an answer waits for its usage row (before its end)
+RETRY_FIRST_S, RETRY_MAX_S = 0.25, 10.0  # backoff of settles and rows retried after an outage
+SETTLE_GIVE_UP_S = 86_400.0  # a reservation's record lives a day (QuotaLimiter.record_ttl_ms): no use past it
+MAX_ROWS_PER_INSERT = 500
+_REDIS_DOWN = (RedisConnectionError, RedisTimeoutError)
+_DATABASE_DOWN = (OperationalError, InterfaceError)  # gateway.db.DatabaseNotAnswering included
 
 # Strong references to bookkeeping tasks still running (the event loop itself keeps only weak ones).
 _running: set[asyncio.Task] = set()
@@ -37,6 +61,13 @@ def spawn(coroutine) -> asyncio.Task:
     return task
 
 
+async def _wait_at_most(futures, timeout: float) -> None:
+    """Wait for ``futures`` to be done, at most ``timeout`` seconds; they go on either way (never cancelled)."""
+    pending = [f for f in futures if not f.done()]
+    if pending:
+        await asyncio.wait(pending, timeout=timeout)
+
+
 class Meter:
     def __init__(self, *, request_id: str, caller: Caller, target: Target, reservation: Reservation,
                  started_at: float):
@@ -48,7 +79,9 @@ class Meter:
         self.prompt_tokens = 0
         self.completion_tokens = 0
         self._task: asyncio.Task | None = None
-        self._settled = asyncio.get_running_loop().create_future()
+        loop = asyncio.get_running_loop()
+        self._settled = loop.create_future()  # done after the first settle attempt (taken, or queued again)
+        self._written = loop.create_future()  # done once the usage row is written (or refused for good)
 
     def observe(self, usage: dict | None) -> None:
         """Take the engine's cumulative usage of a chunk relayed to the client."""
@@ -57,15 +90,18 @@ class Meter:
             self.completion_tokens = int(usage.get("completion_tokens") or 0)
 
     async def finish(self, status: str) -> None:
-        """Settle the reservation and write the usage row, once; later calls wait for the first one's result."""
+        """Settle the reservation and write the usage row, once (later calls keep the first status); returns
+        when both are done, or after ROW_WAIT_S with whatever is left still going on in the background."""
         self._start(status)
-        await asyncio.shield(self._task)
+        # While the database is known to be down, the row waits in the writer's queue: no use waiting for it.
+        row = [] if loop_usage_writer().in_outage else [self._written]
+        await _wait_at_most([self._settled, *row], ROW_WAIT_S)
 
     async def settle(self, status: str) -> None:
-        """Start :meth:`finish` and wait only for the settle (a Redis call): the caller can then end its answer,
-        with the tenant's slot and tokens already corrected, before the usage row's commit."""
+        """Start :meth:`finish` and wait only for the settle (a Redis call), at most SETTLE_WAIT_S: the caller can
+        then end its answer, with the tenant's slot and tokens already corrected, before the usage row's commit."""
         self._start(status)
-        await asyncio.shield(self._settled)
+        await _wait_at_most([self._settled], SETTLE_WAIT_S)
 
     def _start(self, status: str) -> None:
         if self._task is None:
@@ -73,67 +109,173 @@ class Meter:
 
     async def _record(self, status: str, ended_at: float) -> None:
         prompt, completion = self.prompt_tokens, self.completion_tokens
-        try:
-            await settle(self.reservation, prompt, completion)
-        except Exception:  # the slot's TTL frees it; the row below is still written
-            metrics.usage_write_failures_total.labels(what="settle").inc()
-            logger.exception("settle of %s failed", self.request_id)
-        finally:
-            self._settled.set_result(None)
-        try:
-            await loop_usage_writer().write(dict(
-                request_id=self.request_id, tenant_id=self.caller.tenant.id, api_key_id=self.caller.key_id,
-                adapter=self.target.usage_name, prompt_tokens=prompt, completion_tokens=completion, status=status,
-                latency_ms=int((ended_at - self.started_at) * 1000), playground=self.caller.playground))
-        except Exception:
-            metrics.usage_write_failures_total.labels(what="usage_row").inc()
-            logger.exception("usage row of %s (tenant %s, %s+%s tokens, %s) not written", self.request_id,
-                             self.caller.tenant.id, prompt, completion, status)
         metrics.outcomes_total.labels(outcome=status).inc()
         metrics.tokens_total.labels(kind="prompt").inc(prompt)
         metrics.tokens_total.labels(kind="completion").inc(completion)
+        row = loop_usage_writer().submit(dict(
+            request_id=self.request_id, tenant_id=self.caller.tenant.id, api_key_id=self.caller.key_id,
+            adapter=self.target.usage_name, prompt_tokens=prompt, completion_tokens=completion, status=status,
+            latency_ms=int((ended_at - self.started_at) * 1000), playground=self.caller.playground,
+            created_at=timezone.now()))
+        row.add_done_callback(self._row_done)
+        await self._settle(prompt, completion)
+
+    def _row_done(self, row: asyncio.Future) -> None:
+        if not row.cancelled() and row.exception() is not None:
+            metrics.usage_write_failures_total.labels(what="usage_row").inc()
+            logger.error("usage row of %s (tenant %s) refused: %r", self.request_id, self.caller.tenant.id,
+                         row.exception())
+        self._written.set_result(None)
+
+    async def _settle(self, prompt: int, completion: int) -> None:
+        await settle_until_taken(self.reservation, prompt, completion, self.request_id, self._settled)
+
+
+# Settles Redis has not taken yet: reservation id -> (reservation, prompt tokens, completion tokens, request id).
+_unsettled: dict[str, tuple[Reservation, int, int, str]] = {}
+
+
+def unsettled() -> list[tuple[Reservation, int, int, str]]:
+    """The settles this process still owes Redis (gateway.spool keeps them when the process stops)."""
+    return list(_unsettled.values())
+
+
+async def settle_until_taken(reservation: Reservation, prompt: int, completion: int, request_id: str,
+                             first_attempt: asyncio.Future | None = None) -> None:
+    """Settle, again and again with backoff while Redis does not answer; ``first_attempt`` is done after the
+    first try (taken, or queued to be sent again)."""
+    delay, given_up_at = RETRY_FIRST_S, time.monotonic() + SETTLE_GIVE_UP_S
+    queued = False
+    try:
+        while True:
+            try:
+                await settle(reservation, prompt, completion)
+                if queued:
+                    logger.info("settle of %s taken after Redis came back", request_id)
+                return
+            except _REDIS_DOWN as exc:
+                metrics.usage_write_failures_total.labels(what="settle").inc()
+                if time.monotonic() + delay > given_up_at:
+                    logger.error("settle of %s abandoned: Redis has not answered for a day", request_id)
+                    return
+                if not queued:
+                    queued = True
+                    _unsettled[reservation.id] = (reservation, prompt, completion, request_id)
+                    metrics.settles_pending.inc()
+                    logger.warning("settle of %s failed (%r); sent again until Redis takes it", request_id, exc)
+                if first_attempt is not None and not first_attempt.done():
+                    first_attempt.set_result(None)
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, RETRY_MAX_S)
+    except Exception:  # not an outage: retrying cannot help (the slot's TTL frees it)
+        metrics.usage_write_failures_total.labels(what="settle").inc()
+        logger.exception("settle of %s failed", request_id)
+    finally:
+        if queued:
+            _unsettled.pop(reservation.id, None)
+            metrics.settles_pending.dec()
+        if first_attempt is not None and not first_attempt.done():
+            first_attempt.set_result(None)
 
 
 class UsageWriter:
-    """Writes usage rows on the gateway's database thread, grouping those that wait while an insert runs."""
+    """Writes usage rows on the gateway's database thread, grouping those that wait while an insert runs, and
+    keeping those the database does not take until it does."""
 
-    def __init__(self):
+    def __init__(self, *, retry_first_s: float = RETRY_FIRST_S, retry_max_s: float = RETRY_MAX_S):
         self._pending: list[tuple[dict, asyncio.Future]] = []
+        self._in_flight: list[tuple[dict, asyncio.Future]] = []
         self._task: asyncio.Task | None = None
+        self.in_outage = False  # the last insert failed for want of a database; cleared by the next that works
+        self.retry_first_s, self.retry_max_s = retry_first_s, retry_max_s
 
-    async def write(self, fields: dict) -> None:
-        """Write one row (``usage_record_create_async``'s keyword arguments); raises what its insert raised."""
+    @property
+    def pending(self) -> int:
+        """Rows not yet known to be written."""
+        return len(self._pending) + len(self._in_flight)
+
+    def unwritten(self) -> list[dict]:
+        """The rows not yet known to be written, the group in an insert now included (gateway.spool keeps them
+        when the process stops; writing one twice is harmless)."""
+        return [fields for fields, _ in self._in_flight + self._pending]
+
+    def submit(self, fields: dict) -> asyncio.Future:
+        """Queue one row (``usage_record_create_async``'s keyword arguments); the future is done once it is
+        written, or with the exception of a database that refuses it for good (never for an outage)."""
         done = asyncio.get_running_loop().create_future()
         self._pending.append((fields, done))
+        metrics.usage_rows_pending.inc()
         if self._task is None or self._task.done():
             self._task = spawn(self._drain())
-        await done
+        return done
+
+    async def write(self, fields: dict) -> None:
+        """Write one row and wait for it; raises what a database refusing it raised."""
+        await self.submit(fields)
 
     async def _drain(self) -> None:
+        delay = self.retry_first_s
         while self._pending:
-            group, self._pending = self._pending, []
+            group = self._in_flight = self._pending[:MAX_ROWS_PER_INSERT]
+            del self._pending[:MAX_ROWS_PER_INSERT]
             try:
                 await on_db_thread(usage_records_create_async, rows=[fields for fields, _ in group])
-            except Exception as exc:  # noqa: BLE001 - handed to the requests waiting on the group
+            except _DATABASE_DOWN as exc:
+                self._requeue(group, exc, delay)
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, self.retry_max_s)
+                continue
+            except Exception as exc:  # noqa: BLE001 - a row is bad: the others are still written
                 if len(group) == 1:
-                    group[0][1].set_exception(exc)
-                    continue
-                for fields, done in group:  # find the bad row: the others are still written
-                    try:
-                        await on_db_thread(usage_record_create_async, **fields)
-                    except Exception as one:  # noqa: BLE001 - handed to the request waiting on it
-                        done.set_exception(one)
-                    else:
-                        done.set_result(None)
+                    self._in_flight = []
+                    self._resolve(group[0][1], exc)
+                elif not await self._one_by_one(group):
+                    await asyncio.sleep(delay)
+                    delay = min(delay * 2, self.retry_max_s)
+                continue
+            self._in_flight = []
+            self.in_outage = False
+            for _, done in group:
+                self._resolve(done)
+            delay = self.retry_first_s
+
+    async def _one_by_one(self, group) -> bool:
+        """Write each row alone; False when the database went away meanwhile (the rest is queued again)."""
+        for index, (fields, done) in enumerate(group):
+            try:
+                await on_db_thread(usage_record_create_async, **fields)
+            except _DATABASE_DOWN as exc:
+                self._requeue(group[index:], exc, self.retry_first_s)
+                return False
+            except Exception as exc:  # noqa: BLE001 - handed to the request waiting on it
+                self._resolve(done, exc)
             else:
-                for _, done in group:
-                    done.set_result(None)
+                self._resolve(done)
+        self._in_flight = []
+        return True
+
+    def _requeue(self, group, exc: Exception, delay: float) -> None:
+        self._in_flight = []
+        self.in_outage = True
+        self._pending[:0] = group
+        metrics.usage_write_failures_total.labels(what="usage_row").inc()
+        logger.warning("%d usage row(s) not written (%r); kept and retried in %.2f s", len(self._pending), exc,
+                       delay)
+
+    @staticmethod
+    def _resolve(done: asyncio.Future, exc: Exception | None = None) -> None:
+        metrics.usage_rows_pending.dec()
+        if exc is None:
+            done.set_result(None)
+        else:
+            done.set_exception(exc)
 
 
 _writers: "weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, UsageWriter]" = weakref.WeakKeyDictionary()
 
 
 def loop_usage_writer() -> UsageWriter:
+    """This event loop's writer."""
     loop = asyncio.get_running_loop()
     writer = _writers.get(loop)
     if writer is None:

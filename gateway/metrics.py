@@ -32,8 +32,14 @@ engine_errors_total = Counter("gateway_engine_errors", "Engine failures seen by 
                               ["kind"], registry=registry)
 spills_total = Counter("gateway_replica_spills",
                        "Adapter requests sent to another replica than their rendezvous choice", registry=registry)
-usage_write_failures_total = Counter("gateway_usage_write_failures", "Usage rows or settles that failed",
-                                     ["what"], registry=registry)
+usage_write_failures_total = Counter("gateway_usage_write_failures",
+                                     "Failed attempts to settle a reservation or write a usage row (those failed by "
+                                     "an outage are retried)", ["what"], registry=registry)
+settles_pending = Gauge("gateway_settles_pending", "Settles Redis did not take, waiting to be sent again",
+                        registry=registry)
+usage_rows_pending = Gauge("gateway_usage_rows_pending",
+                           "Usage rows not yet written (in an insert now, or kept through a database outage)",
+                           registry=registry)
 
 
 async def metrics_view(request) -> HttpResponse:

@@ -17,6 +17,7 @@ for work that may start while `authenticate_api_key` confirms it (the gateway co
 
 import asyncio
 import hashlib
+import logging
 import time
 import uuid
 import weakref
@@ -24,12 +25,13 @@ from collections import OrderedDict
 from dataclasses import dataclass
 
 from asgiref.sync import sync_to_async
-from django.db import InterfaceError, OperationalError, connection
+from django.db import DatabaseError, InterfaceError, OperationalError, connection
 from django.utils import timezone
 
 from tenants.identity import AuthFailure, KeyInfo
 from tenants.redis_client import loop_redis
 
+logger = logging.getLogger("tenants.key_auth")
 AUTH_GENERATION_KEY = "tenants:auth:generation"
 LAST_USED_EVERY_S = 60.0  # write last_used_at at most this often per key and process
 MAX_RAW_KEY_LENGTH = 200
@@ -44,8 +46,11 @@ class _Entry:
 class KeyAuthenticator:
     """A per-process cache of key lookups in front of the database, over one `redis.asyncio.Redis` client."""
 
-    def __init__(self, redis, *, ttl_s: float = 60.0, max_entries: int = 10_000, clock=time.monotonic):
+    def __init__(self, redis, *, ttl_s: float = 60.0, max_entries: int = 10_000, clock=time.monotonic,
+                 run_query=None):
         self.redis = redis
+        # Runs each database query: ``await run_query(async_orm_function, **kwargs)``.
+        self.run_query = run_query or _reconnecting
         self.ttl_s = ttl_s
         self.max_entries = max_entries
         self.clock = clock
@@ -114,7 +119,7 @@ class KeyAuthenticator:
         from tenants.selectors import api_key_lookup_async
 
         self.num_db_lookups += 1
-        return await _reconnecting(api_key_lookup_async, raw_key)
+        return await self.run_query(api_key_lookup_async, raw_key=raw_key)
 
     def _remember(self, digest: str, entry: _Entry) -> None:
         self._entries[digest] = entry
@@ -128,7 +133,10 @@ class KeyAuthenticator:
         self._last_used_written[key_id] = now
         from tenants.services import api_key_mark_used_async
 
-        await _reconnecting(api_key_mark_used_async, prefix=key_id)
+        try:
+            await self.run_query(api_key_mark_used_async, prefix=key_id)
+        except DatabaseError as exc:  # a bookkeeping write: the request it rides on goes on without it
+            logger.warning("last_used_at of key %s not written: %r", key_id, exc)
 
 
 async def _reconnecting(query, /, *args, **kwargs):
@@ -180,7 +188,9 @@ def default_authenticator() -> KeyAuthenticator:
     if authenticator is None:
         from django.conf import settings
 
-        authenticator = KeyAuthenticator(loop_redis(), ttl_s=settings.API_KEY_CACHE_TTL_S)
+        from gateway.db import on_db_thread  # the gateway's database thread, with its timeout
+
+        authenticator = KeyAuthenticator(loop_redis(), ttl_s=settings.API_KEY_CACHE_TTL_S, run_query=on_db_thread)
         _authenticators[loop] = authenticator
     return authenticator
 
