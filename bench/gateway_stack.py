@@ -111,7 +111,7 @@ def start_bench_stack(scratch: Path, model: str | None):
             "--kv-cache-memory", "64MiB", "--max-model-len", "512", "--no-enable-lora"),
             port=engine_port, wait_s=180, extra_env={"KERNELS_BACKEND": ""})
         web = group.start("gateway", python("-m", "uvicorn", "config.asgi:application", "--host", "127.0.0.1",
-                                            "--port", str(web_port), "--lifespan", "off", "--no-access-log"),
+                                            "--port", str(web_port), "--lifespan", "on", "--no-access-log"),
                           port=web_port)
         yield BenchStack(engine_url, ENGINE_KEY, f"http://127.0.0.1:{web_port}", key,
                          "postgresql" if database.startswith("postgres") else "sqlite", engine.proc.pid, web.proc.pid)

@@ -78,7 +78,7 @@ def start_processes(group: ProcessGroup, *, host: str, port: int, engine_port: i
 
         group.start("engine", engine_argv(engine_port), port=engine_port, wait_s=600)
     group.start("web", python("-m", "uvicorn", "config.asgi:application", "--host", host, "--port", str(port),
-                              "--lifespan", "off", "--no-access-log"), port=port)
+                              "--lifespan", "on", "--no-access-log"), port=port)
     group.start("worker", python("-m", "celery", "-A", "config", "worker", "--loglevel", "INFO",
                                  "--concurrency", "2", "--pool", "threads", "--without-gossip", "--without-mingle"))
     group.start("beat", python("-m", "celery", "-A", "config", "beat", "--loglevel", "INFO",

@@ -23,6 +23,7 @@ from django.http.request import HttpHeaders
 from django.urls import Resolver404, resolve
 
 from gateway.errors import GatewayError
+from gateway.spool import lifespan
 
 API_PREFIX = "/v1/"
 SESSION_PREFIX = "/v1/playground/"
@@ -146,10 +147,14 @@ async def _cancel_on_disconnect(receive, serving: asyncio.Task) -> bool:
 
 
 def with_api_handler(app):
-    """``app`` with the API-key paths of /v1/ answered by :class:`APIApp`."""
+    """``app`` with the API-key paths of /v1/ answered by :class:`APIApp`, and the ASGI lifespan by
+    gateway.spool."""
     api = APIApp()
 
     async def route(scope, receive, send):
+        if scope["type"] == "lifespan":  # the usage spool (gateway.spool); Django has no lifespan of its own
+            await lifespan(receive, send)
+            return
         path = scope.get("path", "") if scope["type"] == "http" else ""
         if path.startswith(API_PREFIX) and not path.startswith(SESSION_PREFIX):
             await api(scope, receive, send)

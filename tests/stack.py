@@ -77,7 +77,7 @@ def start_stack(log_dir: Path, *, model_dir: Path | None = None, num_engines: in
                         extra_env={"KERNELS_BACKEND": ""})
         web_port = free_port()
         group.start("web", python("-m", "uvicorn", "config.asgi:application", "--host", "127.0.0.1",
-                                  "--port", str(web_port), "--lifespan", "off", "--no-access-log"), port=web_port)
+                                  "--port", str(web_port), "--lifespan", "on", "--no-access-log"), port=web_port)
         worker_name = f"stack-{web_port}@localhost"
         group.start("worker", python("-m", "celery", "-A", "config", "worker", "--loglevel", "INFO",
                                      "--pool", "threads", "--concurrency", "2", "--without-gossip",

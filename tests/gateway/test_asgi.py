@@ -155,7 +155,7 @@ def test_a_stream_goes_out_part_by_part_and_a_client_leaving_mid_stream_closes_i
     assert body_of(sent) == b"data: a\n\ndata: [DONE]\n\n" and sent[-1] == {"type": "http.response.body", "body": b""}
 
 
-def test_only_the_api_key_paths_take_the_bare_app():
+def test_only_the_api_key_paths_take_the_bare_app(tmp_path):
     calls = []
 
     async def django_app(scope, receive, send):
@@ -164,5 +164,18 @@ def test_only_the_api_key_paths_take_the_bare_app():
     route = with_api_handler(django_app)
     asyncio.run(route({"type": "http", "path": "/v1/playground/acme/chat/completions"}, None, None))
     asyncio.run(route({"type": "http", "path": "/t/acme/"}, None, None))
-    asyncio.run(route({"type": "lifespan"}, None, None))
-    assert calls == ["/v1/playground/acme/chat/completions", "/t/acme/", "lifespan"]
+    assert calls == ["/v1/playground/acme/chat/completions", "/t/acme/"]
+
+    # The lifespan is the usage spool's (gateway.spool), not Django's (which has none).
+    incoming = [{"type": "lifespan.shutdown"}, {"type": "lifespan.startup"}]
+    sent = []
+
+    async def receive():
+        return incoming.pop()
+
+    async def send(message):
+        sent.append(message["type"])
+
+    with override_settings(GATEWAY_SPOOL_DIR=str(tmp_path / "spool")):
+        asyncio.run(route({"type": "lifespan"}, receive, send))
+    assert sent == ["lifespan.startup.complete", "lifespan.shutdown.complete"] and calls == calls[:2]
