@@ -19,7 +19,8 @@ def test_stack_comes_up_and_down_cleanly(tmp_path):
     web_port = int(stack.web_url.rsplit(":", 1)[1])
     engine_port = int(stack.engine_urls[0].rsplit(":", 1)[1])
     try:
-        assert httpx.get(f"{stack.web_url}/health", timeout=10).json() == {"status": "ok"}
+        assert httpx.get(f"{stack.web_url}/health", timeout=10).json() == {
+            "status": "ok", "database": "ok", "redis": "ok", "engines": {"healthy": 1, "total": 1}}
         assert httpx.get(f"{stack.engine_urls[0]}/health", timeout=10).json() == {"status": "ok"}
         models = httpx.get(f"{stack.engine_urls[0]}/v1/models", timeout=10,
                            headers={"Authorization": f"Bearer {stack.engine_api_key}"}).json()
