@@ -25,6 +25,14 @@ class EngineDead(Exception):
     """The step loop died; nothing more can be served by this process."""
 
 
+class StepFailed(Exception):
+    """A step raised: the requests in the engine then ended with this error, and the engine went on."""
+
+
+MAX_STEP_FAILURES = 3  # within STEP_FAILURE_WINDOW_S: more, and the loop dies (a failure that keeps coming back)
+STEP_FAILURE_WINDOW_S = 60.0
+
+
 @dataclass(slots=True)
 class _Stream:
     queue: asyncio.Queue
@@ -54,6 +62,7 @@ class AsyncEngine:
         self._wake = threading.Event()
         self._stopping = False
         self._error: BaseException | None = None
+        self._step_failures: list[float] = []  # monotonic times of recent failed steps
         self._thread = threading.Thread(target=self._run, name="engine-loop", daemon=True)
         self._thread.start()
 
@@ -141,7 +150,12 @@ class AsyncEngine:
                     self._wake.clear()
                     continue
                 started = time.perf_counter()
-                outputs = self.engine.step()
+                try:
+                    outputs = self.engine.step()
+                except Exception as exc:
+                    if not self._survive(exc):
+                        raise
+                    continue
                 if self.on_step is not None:
                     self.on_step(outputs, time.perf_counter() - started)
                 for output in outputs:
@@ -152,6 +166,27 @@ class AsyncEngine:
             for request_id, stream in list(self._streams.items()):
                 self._streams.pop(request_id, None)
                 stream.loop.call_soon_threadsafe(stream.queue.put_nowait, EngineDead(f"engine loop died: {exc}"))
+
+    def _survive(self, exc: Exception) -> bool:
+        """After a step raised: end the requests in the engine with the error, free what they held and go on;
+        False (the loop dies) when the engine cannot be brought back to a clean state, or when steps keep failing
+        (more than MAX_STEP_FAILURES within STEP_FAILURE_WINDOW_S)."""
+        now = time.monotonic()
+        self._step_failures = [t for t in self._step_failures if now - t < STEP_FAILURE_WINDOW_S] + [now]
+        self.counters.step_errors += 1
+        if len(self._step_failures) > MAX_STEP_FAILURES:
+            logger.error("%d steps failed within %.0f s: giving up", len(self._step_failures), STEP_FAILURE_WINDOW_S)
+            return False
+        try:
+            failed = self.engine.recover_from_failed_step()
+        except Exception:
+            logger.exception("the engine could not recover from a failed step")
+            return False
+        logger.exception("a step failed; its %d request(s) end with the error and the engine goes on", len(failed))
+        error = f"the engine failed while serving this request ({type(exc).__name__}: {exc}); retry it"
+        for request_id in failed:
+            self._deliver(request_id, StepFailed(error))
+        return True
 
     def _apply_commands(self) -> bool:
         while self._commands:

@@ -115,6 +115,13 @@ class BlockManager:
         seq.block_table = []
         seq.num_hashed_blocks = 0
 
+    def reset_prefix_cache(self) -> None:
+        """Forget every cached prefix (only while no sequence holds a block)."""
+        assert self.num_used_blocks == 0, "the prefix cache can only be reset with every block free"
+        for block in self.blocks:
+            block.hash = block.key = None
+        self.cached.clear()
+
     # ---- stats and checks
     @property
     def num_cached_blocks(self) -> int:

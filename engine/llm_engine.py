@@ -214,6 +214,18 @@ class LLMEngine:
                 self.scheduler.finish(request.seqs, "abort")
                 self.counters["aborted"] += 1
 
+    def recover_from_failed_step(self) -> list[str]:
+        """After :meth:`step` raised: finish every request (reason ``abort``) so its blocks and adapter slot come
+        back, and empty the prefix cache (the failed step registered blocks whose KV it may never have written).
+        The ids finished. RuntimeError when the KV pool does not come back whole: the state is not to be trusted."""
+        ids = list(self.requests)
+        self.abort_request(ids)
+        manager = self.scheduler.block_manager
+        if self.scheduler.running or self.scheduler.waiting or manager.num_used_blocks:
+            raise RuntimeError(f"after aborting every request {manager.num_used_blocks} KV blocks are still held")
+        manager.reset_prefix_cache()
+        return ids
+
     def has_unfinished_requests(self) -> bool:
         return bool(self.requests or self._failed)
 

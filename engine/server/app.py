@@ -15,7 +15,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
-from engine.async_engine import AsyncEngine, EngineDead, EngineOverloaded
+from engine.async_engine import AsyncEngine, EngineDead, EngineOverloaded, StepFailed
 from engine.lora.errors import AdapterError
 from engine.server.errors import APIError, bad_request
 from engine.server.generation import RequestState, full_response, stream_events
@@ -250,6 +250,8 @@ def _as_api_error(exc: BaseException) -> BaseException:
         return APIError(503, str(exc), code="overloaded", retry_after=1)
     if isinstance(exc, EngineDead):
         return APIError(503, str(exc), code="engine_dead", retry_after=5)
+    if isinstance(exc, StepFailed):
+        return APIError(500, str(exc), code="engine_step_failed")
     if isinstance(exc, ValueError):
         return bad_request(str(exc), param=getattr(exc, "param", None))
     return exc
