@@ -87,7 +87,7 @@ def _came_back(executor: ThreadPoolExecutor) -> None:
     global _executor
     with _lock:
         _stuck.discard(executor)
-        if _executor is executor:  # every new thread was refused meanwhile: start one now
+        if _executor in _stuck:  # new threads were refused meanwhile (too many stuck): start one now
             _executor = _new_executor()
     logger.warning("a stuck gateway database thread came back; %d still stuck", len(_stuck))
 
