@@ -34,6 +34,7 @@ class Relay:
         self.replica = replica
         self.pool = pool
         self._first_token_seen = False
+        self._last_chunk: dict | None = None
         self._started = False
         self._closed = False
         self._start_timer: asyncio.TimerHandle | None = None
@@ -94,6 +95,7 @@ class Relay:
         raise GatewayError(502, "The engine's stream ended early; the request was ended.", code="engine_failed")
 
     def _note(self, chunk: dict) -> None:
+        self._last_chunk = chunk
         self.meter.observe(chunk.get("usage"))
         if not self._first_token_seen and self.meter.completion_tokens > 0:
             self._first_token_seen = True
@@ -139,11 +141,24 @@ class Relay:
             status = OK if failure is None else ERROR
             await self.meter.settle(status)  # before [DONE]: once the client has it, its quota is corrected
             if failure is not None:
+                if self.parsed.include_usage:  # what is billed, as the stream would have ended with it
+                    yield self._usage_event()
                 yield failure.sse_event()
             yield DONE
         finally:  # the usage row is written after [DONE], while the server still holds the request
             await self._close()
             await self.meter.finish(status)
+
+    def _usage_event(self) -> bytes:
+        last = self._last_chunk or {}
+        prompt, completion = self.meter.prompt_tokens, self.meter.completion_tokens
+        chunk = {"id": last.get("id", self.meter.request_id),
+                 "object": last.get("object", "chat.completion.chunk" if self.parsed.kind == "chat"
+                                    else "text_completion"),
+                 "created": last.get("created", int(time.time())), "model": self.model, "choices": [],
+                 "usage": {"prompt_tokens": prompt, "completion_tokens": completion,
+                           "total_tokens": prompt + completion}}
+        return b"data: " + json.dumps(chunk, separators=(",", ":")).encode() + b"\n\n"
 
     async def collect(self) -> dict:
         """The whole response of a non-streaming request, in OpenAI's shape."""

@@ -136,6 +136,22 @@ def test_an_engine_dying_mid_stream_ends_with_an_error_event_and_meters_what_was
     assert finishes == [("error", 5, 2)] and down == ["http://e"]
 
 
+def test_a_client_that_asked_for_usage_gets_what_is_billed_before_the_error():
+    parts = [engine_chunk("a", 1, chat=True), engine_chunk("b", 2, chat=True), httpx.ReadError("connection reset")]
+
+    async def scenario():
+        relay, meter, _, _, _ = await open_relay(parts, stream=True, messages=[{"role": "user", "content": "hi"}],
+                                                 stream_options={"include_usage": True})
+        return sse_bodies(await drain(relay)), meter.finishes
+
+    bodies, finishes = asyncio.run(scenario())
+    assert bodies[-1] == "[DONE]" and bodies[-2]["error"]["code"] == "engine_failed"
+    usage = bodies[-3]
+    assert usage["choices"] == [] and usage["model"] == "my-bot" and usage["id"] == "cmpl-1"
+    assert usage["usage"] == {"prompt_tokens": 5, "completion_tokens": 2, "total_tokens": 7}
+    assert finishes == [("error", 5, 2)]  # the same counts as billed
+
+
 def test_an_error_event_or_a_truncated_stream_from_the_engine_is_an_error():
     error = b'data: {"error": {"message": "boom", "type": "internal_error", "code": "internal_error"}}\n\n'
 
