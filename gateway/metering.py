@@ -79,6 +79,7 @@ class Meter:
         self.prompt_tokens = 0
         self.completion_tokens = 0
         self._task: asyncio.Task | None = None
+        self._settle_waited = False
         loop = asyncio.get_running_loop()
         self._settled = loop.create_future()  # done after the first settle attempt (taken, or queued again)
         self._written = loop.create_future()  # done once the usage row is written (or refused for good)
@@ -91,17 +92,21 @@ class Meter:
 
     async def finish(self, status: str) -> None:
         """Settle the reservation and write the usage row, once (later calls keep the first status); returns
-        when both are done, or after ROW_WAIT_S with whatever is left still going on in the background."""
+        when both are done, or after SETTLE_WAIT_S + ROW_WAIT_S at most, with what is left going on in the
+        background."""
         self._start(status)
+        if not self._settle_waited:
+            await _wait_at_most([self._settled], SETTLE_WAIT_S)
         # While the database is known to be down, the row waits in the writer's queue: no use waiting for it.
-        row = [] if loop_usage_writer().in_outage else [self._written]
-        await _wait_at_most([self._settled, *row], ROW_WAIT_S)
+        if not loop_usage_writer().in_outage:
+            await _wait_at_most([self._written], ROW_WAIT_S)
 
     async def settle(self, status: str) -> None:
         """Start :meth:`finish` and wait only for the settle (a Redis call), at most SETTLE_WAIT_S: the caller can
         then end its answer, with the tenant's slot and tokens already corrected, before the usage row's commit."""
         self._start(status)
         await _wait_at_most([self._settled], SETTLE_WAIT_S)
+        self._settle_waited = True  # a finish() that follows waits only for the row
 
     def _start(self, status: str) -> None:
         if self._task is None:
@@ -118,7 +123,7 @@ class Meter:
             latency_ms=int((ended_at - self.started_at) * 1000), playground=self.caller.playground,
             created_at=timezone.now()))
         row.add_done_callback(self._row_done)
-        await self._settle(prompt, completion)
+        await settle_until_taken(self.reservation, prompt, completion, self.request_id, self._settled, time.time())
 
     def _row_done(self, row: asyncio.Future) -> None:
         if not row.cancelled() and row.exception() is not None:
@@ -127,29 +132,27 @@ class Meter:
                          row.exception())
         self._written.set_result(None)
 
-    async def _settle(self, prompt: int, completion: int) -> None:
-        await settle_until_taken(self.reservation, prompt, completion, self.request_id, self._settled)
+# Settles Redis has not taken yet (sent now, or to be sent again): reservation id -> (reservation, prompt tokens,
+# completion tokens, request id, when the request ended in epoch seconds).
+_unsettled: dict[str, tuple[Reservation, int, int, str, float]] = {}
 
 
-# Settles Redis has not taken yet: reservation id -> (reservation, prompt tokens, completion tokens, request id).
-_unsettled: dict[str, tuple[Reservation, int, int, str]] = {}
-
-
-def unsettled() -> list[tuple[Reservation, int, int, str]]:
+def unsettled() -> list[tuple[Reservation, int, int, str, float]]:
     """The settles this process still owes Redis (gateway.spool keeps them when the process stops)."""
     return list(_unsettled.values())
 
 
 async def settle_until_taken(reservation: Reservation, prompt: int, completion: int, request_id: str,
-                             first_attempt: asyncio.Future | None = None) -> None:
+                             first_attempt: asyncio.Future | None, ended_at: float) -> None:
     """Settle, again and again with backoff while Redis does not answer; ``first_attempt`` is done after the
-    first try (taken, or queued to be sent again)."""
+    first try (taken, or queued to be sent again). ``ended_at``: when the request ended (epoch seconds)."""
     delay, given_up_at = RETRY_FIRST_S, time.monotonic() + SETTLE_GIVE_UP_S
     queued = False
+    _unsettled[reservation.id] = (reservation, prompt, completion, request_id, ended_at)
     try:
         while True:
             try:
-                await settle(reservation, prompt, completion)
+                await settle(reservation, prompt, completion, ended_at)
                 if queued:
                     logger.info("settle of %s taken after Redis came back", request_id)
                 return
@@ -160,7 +163,6 @@ async def settle_until_taken(reservation: Reservation, prompt: int, completion: 
                     return
                 if not queued:
                     queued = True
-                    _unsettled[reservation.id] = (reservation, prompt, completion, request_id)
                     metrics.settles_pending.inc()
                     logger.warning("settle of %s failed (%r); sent again until Redis takes it", request_id, exc)
                 if first_attempt is not None and not first_attempt.done():
@@ -171,8 +173,8 @@ async def settle_until_taken(reservation: Reservation, prompt: int, completion: 
         metrics.usage_write_failures_total.labels(what="settle").inc()
         logger.exception("settle of %s failed", request_id)
     finally:
+        _unsettled.pop(reservation.id, None)
         if queued:
-            _unsettled.pop(reservation.id, None)
             metrics.settles_pending.dec()
         if first_attempt is not None and not first_attempt.done():
             first_attempt.set_result(None)

@@ -43,8 +43,9 @@ async def drain_and_spool(wait_s: float | None = None) -> Path | None:
         return None
     lines = [json.dumps({"usage_row": {**row, "created_at": row["created_at"].isoformat()}}) for row in rows]
     lines += [json.dumps({"settle": {"reservation": _reservation_fields(reservation), "prompt_tokens": prompt,
-                                     "completion_tokens": completion, "request_id": request_id}})
-              for reservation, prompt, completion, request_id in settles]
+                                     "completion_tokens": completion, "request_id": request_id,
+                                     "ended_at": ended_at}})
+              for reservation, prompt, completion, request_id, ended_at in settles]
     path = spool_dir() / f"{time.strftime('%Y%m%dT%H%M%S')}-{os.getpid()}-{uuid.uuid4().hex[:8]}.jsonl"
     path.parent.mkdir(parents=True, exist_ok=True)
     partial = path.with_suffix(".partial")
@@ -76,7 +77,7 @@ async def replay() -> int:
                 settle = item["settle"]
                 waits.append(metering.spawn(metering.settle_until_taken(
                     Reservation(**settle["reservation"]), settle["prompt_tokens"], settle["completion_tokens"],
-                    settle["request_id"])))
+                    settle["request_id"], None, settle["ended_at"])))
         results = await asyncio.gather(*waits, return_exceptions=True)
         refused = sum(isinstance(result, Exception) for result in results)
         path.unlink(missing_ok=True)
@@ -90,16 +91,13 @@ def _reservation_fields(reservation: Reservation) -> dict:
 
 async def lifespan(receive, send) -> None:
     """The ASGI lifespan protocol: replay the spool at startup (in the background), drain and spool at shutdown."""
-    replaying = None
     while True:
         message = await receive()
         if message["type"] == "lifespan.startup":
-            replaying = metering.spawn(_replay_logged())
+            metering.spawn(_replay_logged())
             await send({"type": "lifespan.startup.complete"})
         elif message["type"] == "lifespan.shutdown":
-            if replaying is not None and not replaying.done():
-                await asyncio.wait([replaying], timeout=SHUTDOWN_WAIT_S)
-            try:
+            try:  # what the replay handed over and is not written yet is in the writer and kept again
                 await drain_and_spool()
             except Exception:  # logged; the server must still stop
                 logger.exception("could not keep the unwritten usage on disk")

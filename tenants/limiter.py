@@ -26,6 +26,7 @@ or prompt + max_tokens above the per-minute or monthly token limit.
 """
 
 import asyncio
+import logging
 import math
 import time
 import uuid
@@ -35,9 +36,13 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import TimeoutError as RedisTimeoutError
+
 from tenants.identity import TenantInfo
 from tenants.redis_client import loop_redis
 
+logger = logging.getLogger("tenants.limiter")
 _LUA = Path(__file__).with_name("lua")
 MONTH_KEY_TTL_S = 40 * 86400  # a month counter outlives its month, for late settles
 
@@ -55,6 +60,7 @@ class Reservation:
     max_tokens: int  # the completion budget reserved: send it to the engine
     reserved_tokens: int  # prompt_tokens + max_tokens
     headers: dict[str, str]  # x-ratelimit-* values after admission
+    month_gen: str = ""  # the month counter's generation it was charged to (see settle.lua)
 
 
 @dataclass(frozen=True, slots=True)
@@ -86,12 +92,13 @@ class QuotaLimiter:
     """The primitives over one `redis.asyncio.Redis` client (bound to one event loop)."""
 
     def __init__(self, redis, *, window_ms: int = 60_000, slot_ttl_ms: int = 600_000,
-                 record_ttl_ms: int = 86_400_000, concurrency_retry_ms: int = 1000,
+                 record_ttl_ms: int = 86_400_000, concurrency_retry_ms: int = 1000, tombstone_ttl_ms: int = 600_000,
                  month_usage: MonthUsageLoader | None = None, clock: Callable[[], float] = time.time):
-        if min(window_ms, slot_ttl_ms, record_ttl_ms, concurrency_retry_ms) < 1:
+        if min(window_ms, slot_ttl_ms, record_ttl_ms, concurrency_retry_ms, tombstone_ttl_ms) < 1:
             raise ValueError("limiter durations must be positive milliseconds")
         self.redis = redis
         self.window_ms, self.slot_ttl_ms, self.record_ttl_ms = window_ms, slot_ttl_ms, record_ttl_ms
+        self.tombstone_ttl_ms = tombstone_ttl_ms
         self.concurrency_retry_ms = concurrency_retry_ms
         self.month_usage = month_usage or _usage_table_month_tokens
         self.clock = clock
@@ -128,34 +135,54 @@ class QuotaLimiter:
                 quota.max_concurrent_requests, quota.monthly_tokens, self.window_ms, self.slot_ttl_ms,
                 self.record_ttl_ms, self.concurrency_retry_ms, ms_to_next_month]
         for _ in range(3):
-            result = await self._reserve(keys=list(keys.values()), args=args)
+            try:
+                result = await self._reserve(keys=list(keys.values()), args=args)
+            except (RedisConnectionError, RedisTimeoutError):
+                # The script may have run, or may still run (queued in a frozen Redis), with its answer lost: close
+                # the reservation as soon as Redis answers, so a slot and tokens nobody uses are not held.
+                self._close_later(Reservation(id=reservation_id, tenant_id=tenant.id, key_id=key_id, month=month,
+                                              prompt_tokens=prompt_tokens, max_tokens=budget, reserved_tokens=cost,
+                                              headers={}))
+                raise
             status = _text(result[0])
             if status != "rebuild":
                 break
             await self.rebuild_month(tenant.id, month_start, next_month)
         else:
             raise RuntimeError(f"month counter of tenant {tenant.id} vanished while being rebuilt")
+        if status == "void":  # closed before this call ran: only a resend of a call given up on gets here
+            raise RedisConnectionError(f"reservation {reservation_id} was closed before it was admitted")
         reason, retry_ms, requests_used, tokens_used, reset_ms = _text(result[1]), *map(int, result[2:6])
         headers = self._rate_headers(quota, requests_used, tokens_used, reset_ms)
         if status == "refused":
             return _refusal(reason, retry_ms, headers, quota)
         return Reservation(id=reservation_id, tenant_id=tenant.id, key_id=key_id, month=month,
-                           prompt_tokens=prompt_tokens, max_tokens=budget, reserved_tokens=cost, headers=headers)
+                           prompt_tokens=prompt_tokens, max_tokens=budget, reserved_tokens=cost, headers=headers,
+                           month_gen=_text(result[7]))
 
-    async def settle(self, reservation: Reservation, prompt_tokens: int, completion_tokens: int) -> bool:
-        """Charge the real tokens in place of the reserved ones and free the slot. True the first time only."""
+    def _close_later(self, reservation: Reservation) -> None:
+        task = asyncio.ensure_future(_until_redis_answers(lambda: self.release(reservation), reservation.id))
+        _background.add(task)
+        task.add_done_callback(_background.discard)
+
+    async def settle(self, reservation: Reservation, prompt_tokens: int, completion_tokens: int,
+                     ended_at: float | None = None) -> bool:
+        """Charge the real tokens in place of the reserved ones and free the slot. True the first time only.
+        ``ended_at`` (epoch seconds, default now): when the request ended, for a month counter rebuilt since."""
         if min(prompt_tokens, completion_tokens) < 0:
             raise ValueError(f"token counts must be non-negative, got {prompt_tokens}, {completion_tokens}")
-        return await self._close(reservation, prompt_tokens + completion_tokens)
+        return await self._close(reservation, prompt_tokens + completion_tokens, ended_at)
 
     async def release(self, reservation: Reservation) -> bool:
         """Refund a failed request's tokens and free its slot (it still counts as a request). True the first time."""
         return await self._close(reservation, 0)
 
-    async def _close(self, reservation: Reservation, actual_tokens: int) -> bool:
+    async def _close(self, reservation: Reservation, actual_tokens: int, ended_at: float | None = None) -> bool:
         keys = self.keys(reservation.tenant_id, reservation.month, reservation.id)
         names = [keys["costs"], keys["tokens"], keys["slots"], keys["month"], keys["record"]]
-        return bool(await self._settle(keys=names, args=[reservation.id, actual_tokens]))
+        ended_ms = int((self.clock() if ended_at is None else ended_at) * 1000)
+        return bool(await self._settle(keys=names, args=[reservation.id, actual_tokens, reservation.month_gen,
+                                                         ended_ms, self.tombstone_ttl_ms]))
 
     async def peek(self, tenant: TenantInfo) -> dict[str, str]:
         """The x-ratelimit-* header values as they stand, reserving nothing (for answers refused before
@@ -167,9 +194,11 @@ class QuotaLimiter:
 
     async def rebuild_month(self, tenant_id: int, month_start: datetime, next_month: datetime) -> bool:
         """Recreate the month counter from the usage table unless it exists; True when this call created it."""
+        snapshot_ms = int(self.clock() * 1000)  # requests that end from now on are not in the sum (settle.lua)
         used = int(await self.month_usage(tenant_id, month_start, next_month))
         month_key = self.keys(tenant_id, month_start.strftime("%Y-%m"))["month"]
-        return bool(await self._rebuild(keys=[month_key], args=[used, uuid.uuid4().hex, MONTH_KEY_TTL_S]))
+        return bool(await self._rebuild(keys=[month_key],
+                                        args=[used, uuid.uuid4().hex, MONTH_KEY_TTL_S, snapshot_ms]))
 
     def _rate_headers(self, quota, requests_used: int, tokens_used: int, reset_ms: int) -> dict[str, str]:
         reset = format_duration(max(0, reset_ms))
@@ -195,10 +224,41 @@ def _text(value) -> str:
     return value.decode() if isinstance(value, bytes) else str(value)
 
 
+_background: set[asyncio.Task] = set()  # strong references to closes still waiting for Redis
+_RETRY_FIRST_S, _RETRY_MAX_S, _GIVE_UP_S = 0.25, 10.0, 86_400.0
+
+
+async def _until_redis_answers(call: Callable[[], Awaitable], what: str) -> None:
+    """``await call()`` again and again, with backoff, while Redis does not answer (for a day at most)."""
+    delay, give_up_at = _RETRY_FIRST_S, time.monotonic() + _GIVE_UP_S
+    while True:
+        try:
+            await call()
+            return
+        except (RedisConnectionError, RedisTimeoutError):
+            if time.monotonic() + delay > give_up_at:
+                logger.error("closing reservation %s abandoned: Redis has not answered for a day", what)
+                return
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, _RETRY_MAX_S)
+        except Exception:
+            logger.exception("closing reservation %s failed", what)
+            return
+
+
 async def _usage_table_month_tokens(tenant_id: int, month_start: datetime, next_month: datetime) -> int:
     from tenants.selectors import usage_tokens_between  # the ORM only where Django is set up
 
     return await usage_tokens_between(tenant_id=tenant_id, start=month_start, end=next_month)
+
+
+async def _month_tokens_on_gateway_db_thread(tenant_id: int, month_start: datetime, next_month: datetime) -> int:
+    """The usage table's month, read on the gateway's database thread (its timeout: a frozen database answers 503
+    instead of holding the request)."""
+    from gateway.db import on_db_thread
+    from tenants.selectors import usage_tokens_between
+
+    return await on_db_thread(usage_tokens_between, tenant_id=tenant_id, start=month_start, end=next_month)
 
 
 # ---------------------------------------------------------------- one limiter per event loop of a process
@@ -213,7 +273,8 @@ def default_limiter() -> QuotaLimiter:
     if limiter is None:
         from django.conf import settings
 
-        limiter = QuotaLimiter(loop_redis(), slot_ttl_ms=settings.QUOTA_SLOT_TTL_S * 1000)
+        limiter = QuotaLimiter(loop_redis(), slot_ttl_ms=settings.QUOTA_SLOT_TTL_S * 1000,
+                               month_usage=_month_tokens_on_gateway_db_thread)
         _limiters[loop] = limiter
     return limiter
 
@@ -229,8 +290,9 @@ async def peek(tenant: TenantInfo) -> dict[str, str]:
     return await default_limiter().peek(tenant)
 
 
-async def settle(reservation: Reservation, prompt_tokens: int, completion_tokens: int) -> bool:
-    return await default_limiter().settle(reservation, prompt_tokens, completion_tokens)
+async def settle(reservation: Reservation, prompt_tokens: int, completion_tokens: int,
+                 ended_at: float | None = None) -> bool:
+    return await default_limiter().settle(reservation, prompt_tokens, completion_tokens, ended_at)
 
 
 async def release(reservation: Reservation) -> bool:

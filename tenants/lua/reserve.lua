@@ -5,8 +5,9 @@
 -- ARGV: 1 id  2 cost  3 max requests  4 max tokens  5 max concurrent  6 max monthly
 --       7 window ms  8 slot ttl ms  9 record ttl ms  10 retry ms when all slots are taken
 --       11 ms until the next month
--- Returns {status, reason, retry_ms, requests_used, tokens_used, reset_ms, month_used}; status is
--- 'ok', 'refused' or 'rebuild' (the month counter is gone: rebuild it from the usage table, then call again).
+-- Returns {status, reason, retry_ms, requests_used, tokens_used, reset_ms, month_used[, month generation]};
+-- status is 'ok', 'refused', 'rebuild' (the month counter is gone: rebuild it from the usage table, then call
+-- again) or 'void' (this reservation was already closed, see settle.lua).
 -- Idempotent: a reservation id already admitted (its record exists) is answered 'ok' without taking more.
 local CHUNK = 500
 local t = redis.call('TIME')
@@ -44,9 +45,13 @@ redis.call('ZREMRANGEBYSCORE', KEYS[4], '-inf', now)
 local requests_used = redis.call('ZCARD', KEYS[1])
 local concurrent = redis.call('ZCARD', KEYS[4])
 
--- Sent again (its reply was lost with a connection): it was admitted once, and only once.
-if redis.call('EXISTS', KEYS[6]) == 1 then
-  return {'ok', '', 0, requests_used, tokens_used, window, month_used}
+-- Sent again (its reply was lost with a connection): it was admitted once, and only once. A record that is only
+-- a tombstone was closed before this call ran (the caller gave up on it after a timeout): admit nothing.
+local known = redis.call('HMGET', KEYS[6], 'cost', 'closed')
+if known[1] then
+  return {'ok', '', 0, requests_used, tokens_used, window, month_used, month[2]}
+elseif known[2] then
+  return {'void', '', 0, requests_used, tokens_used, 0, month_used}
 end
 
 -- When enough tokens will have left the window for `need` more: walk the log from its oldest entry.
@@ -94,4 +99,4 @@ redis.call('HSET', KEYS[6], 'cost', cost, 'gen', month[2])
 redis.call('PEXPIRE', KEYS[6], record_ttl)
 for i = 1, 3 do redis.call('PEXPIRE', KEYS[i], window + 1000) end
 redis.call('PEXPIRE', KEYS[4], slot_ttl + 1000)
-return {'ok', '', 0, requests_used + 1, tokens_used, window, month_used}
+return {'ok', '', 0, requests_used + 1, tokens_used, window, month_used, month[2]}

@@ -9,13 +9,14 @@ import time
 import pytest
 from asgiref.sync import async_to_sync, sync_to_async
 from django.db import OperationalError, connection, connections
+from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from adapters.selectors import adapter_ready_list_async
 from devstack.services import free_port
 from gateway.asgi import APIApp
 from gateway.db import close_db_thread_connection, on_db_thread
 from tenants import services
-from tenants.limiter import QuotaLimiter, Reservation, reserve
+from tenants.limiter import QuotaLimiter, Reservation, reserve, settle
 from tenants.models import UsageRecord
 from tenants.redis_client import loop_redis
 from tests.gateway.test_metering import caller_of, open_meter, slots_in_use
@@ -116,6 +117,60 @@ async def _none_in_use(tenant_id: int) -> bool:
     return await slots_in_use(tenant_id) == 0
 
 
+def test_a_reserve_whose_answer_a_frozen_redis_kept_holds_nothing_once_redis_is_back(own_redis):
+    caller = caller_of(TenantFactory())
+
+    async def scenario():
+        first = await reserve(caller.tenant, None, 10, 20)
+        await settle(first, 10, 0)
+        before = await month_used(first)
+        own_redis.freeze()
+        with pytest.raises(RedisTimeoutError):  # sent, never answered: Redis runs it when it wakes up
+            await reserve(caller.tenant, None, 10, 20)
+        own_redis.thaw()
+        await asyncio.sleep(0.5)
+        freed = await eventually(lambda: _none_in_use(caller.tenant.id), timeout=10)
+        return before, freed, await month_used(first)
+
+    before, freed, after = async_to_sync(scenario)()
+    assert freed and after == before == 10  # no slot held for QUOTA_SLOT_TTL_S, no tokens charged
+
+
+def test_requests_in_flight_when_redis_loses_its_data_are_counted_once_in_the_rebuilt_month(own_redis):
+    caller = caller_of(TenantFactory())
+
+    async def scenario():
+        in_flight = await open_meter(caller, "req-in-flight")  # 30 reserved; Redis then loses everything
+        own_redis.restart()
+        other = await reserve(caller.tenant, None, 10, 20)  # rebuilds the month from the table (no row yet)
+        in_flight.observe({"prompt_tokens": 10, "completion_tokens": 5})
+        await in_flight.finish("ok")  # its record is gone: its 15 tokens are not in the rebuilt month
+        await settle(other, 10, 1)
+        lost_mid_stream = await month_used(other)
+
+        ended_before = await open_meter(caller, "req-ended-before")
+        ended_before.observe({"prompt_tokens": 10, "completion_tokens": 2})
+        own_redis.freeze()
+        await ended_before.finish("ok")  # its row is written; its settle waits for Redis
+        own_redis.restart()  # from frozen to empty
+        third = await reserve(caller.tenant, None, 10, 20)  # rebuilt from the table, which holds its row now
+        await eventually(lambda: _settled_all(), timeout=20)
+        await settle(third, 10, 0)
+        return lost_mid_stream, await month_used(third)
+
+    lost_mid_stream, later = async_to_sync(scenario)()
+    assert lost_mid_stream == 15 + 11
+    table = sum(r.prompt_tokens + r.completion_tokens for r in UsageRecord.objects.filter(tenant_id=caller.tenant.id))
+    assert table == 15 + 12
+    assert later == table + 10  # the settle that came after the rebuild did not count its row a second time
+
+
+async def _settled_all() -> bool:
+    from gateway.metering import unsettled
+
+    return not unsettled()
+
+
 def call_api(path: str, *, method: str = "GET", key: str, body: dict | None = None) -> tuple[int, dict, dict]:
     """One request to the API app in-process: (status, headers, JSON body)."""
 
@@ -185,6 +240,33 @@ def test_usage_rows_the_database_does_not_take_are_kept_and_written_when_it_is_b
     assert slots_free
     assert sorted(UsageRecord.objects.filter(tenant_id=caller.tenant.id).values_list("completion_tokens", flat=True)) \
         == [5] * 4
+
+
+def test_a_month_rebuild_against_a_frozen_database_fails_in_bounded_time(db_proxy, settings):
+    settings.GATEWAY_DB_TIMEOUT_S = 1
+    caller = caller_of(TenantFactory())
+
+    async def scenario():
+        first = await reserve(caller.tenant, None, 10, 20)
+        await settle(first, 10, 0)
+        await loop_redis().delete(QuotaLimiter.keys(caller.tenant.id, first.month)["month"])  # evicted, say
+        db_proxy.freeze()
+        started = time.monotonic()
+        with pytest.raises(OperationalError):  # the API's 503 (gateway.errors.outage_error)
+            await asyncio.wait_for(reserve(caller.tenant, None, 10, 20), 15)
+        took = time.monotonic() - started
+        db_proxy.restore()
+        return took, await eventually(lambda: _reserves(caller))
+
+    took, works = async_to_sync(scenario)()
+    assert took < 2.5 and works
+
+
+async def _reserves(caller) -> bool:
+    try:
+        return isinstance(await reserve(caller.tenant, None, 1, 1), Reservation)
+    except OperationalError:
+        return False
 
 
 def test_a_frozen_database_holds_back_no_answer_and_no_later_query(db_proxy, settings):
