@@ -132,6 +132,7 @@ class Meter:
                          row.exception())
         self._written.set_result(None)
 
+
 # Settles Redis has not taken yet (sent now, or to be sent again): reservation id -> (reservation, prompt tokens,
 # completion tokens, request id, when the request ended in epoch seconds).
 _unsettled: dict[str, tuple[Reservation, int, int, str, float]] = {}
