@@ -128,3 +128,17 @@ class AdapterUpload(models.Model):
 
     def __str__(self) -> str:
         return f"upload {self.uuid} ({self.status})"
+
+
+class TenantPurge(models.Model):
+    """What a deleted tenant left in S3 and on engines, recorded in the deletion's own transaction (its rows are gone
+    after it) and removed by adapters.tasks.tenant_objects_purge; the beat sweep retries what a lost task left."""
+
+    tenant_id = models.BigIntegerField(db_index=True)  # no foreign key: the tenant is gone
+    engine_ids = models.JSONField(default=list)  # versions an engine may hold
+    upload_uuids = models.JSONField(default=list)  # uploads whose staged bytes may remain
+    created_at = models.DateTimeField(auto_now_add=True)
+    purged_at = models.DateTimeField(null=True, blank=True)
+
+    def __str__(self) -> str:
+        return f"purge of deleted tenant {self.tenant_id}"

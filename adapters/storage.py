@@ -33,6 +33,10 @@ class ObjectTooLarge(Exception):
     pass
 
 
+def tenant_prefix(tenant_id: int) -> str:
+    return f"tenants/{tenant_id}/"
+
+
 def version_prefix(*, tenant_id: int, adapter_uuid, number: int) -> str:
     return f"tenants/{tenant_id}/adapters/{adapter_uuid}/v{number}/"
 

@@ -50,6 +50,15 @@ def adapter_purge(self, adapter_id: int) -> int:
         _retry_or_raise(self, exc)
 
 
+@shared_task(bind=True, acks_late=True, max_retries=None)
+def tenant_objects_purge(self, purge_id: int) -> int:
+    """After a tenant's deletion: engines unload its adapters, its objects and staged uploads are deleted."""
+    try:
+        return services.tenant_objects_purge(purge_id=purge_id, require_unload=not _is_final(self))
+    except TRANSIENT as exc:
+        _retry_or_raise(self, exc)
+
+
 @shared_task(acks_late=True)
 def registry_sweep() -> dict:
     """Beat: expire abandoned uploads, validate again what lost its task, finish purges tasks could not."""

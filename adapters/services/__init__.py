@@ -1,7 +1,14 @@
 """Writes of the registry: `<noun>_<verb>(*, tenant, ...)` under transaction.atomic, side effects on commit."""
 
 from adapters.services.adapters import adapter_create, adapter_delete, adapter_update, adapter_version_delete
-from adapters.services.purge import adapter_purge, adapter_version_purge, registry_sweep, upload_staging_purge
+from adapters.services.purge import (
+    adapter_purge,
+    adapter_version_purge,
+    registry_sweep,
+    tenant_objects_purge,
+    tenant_purge_record,
+    upload_staging_purge,
+)
 from adapters.services.uploads import (
     check_upload_size,
     part_sizes,
@@ -27,6 +34,8 @@ __all__ = [
     "check_upload_size",
     "part_sizes",
     "registry_sweep",
+    "tenant_objects_purge",
+    "tenant_purge_record",
     "upload_abort",
     "upload_admit",
     "upload_begin_streamed",

@@ -15,8 +15,8 @@ from django.utils import timezone
 
 from adapters.engine_client import unload_everywhere
 from adapters.errors import TransientFailure
-from adapters.models import AdapterUpload, AdapterVersion
-from adapters.storage import StoreUnavailable, object_store, staging_prefix
+from adapters.models import AdapterUpload, AdapterVersion, TenantPurge
+from adapters.storage import StoreUnavailable, object_store, staging_prefix, tenant_prefix
 
 logger = logging.getLogger(__name__)
 UNLOAD_TIMEOUT_S = 10
@@ -25,6 +25,8 @@ Status = AdapterVersion.Status
 # expires_at is set, the store checks expiry when a request starts (a PUT begun just before may take minutes
 # to finish), and its clock may differ from ours.
 PRESIGNED_URL_GRACE = timedelta(minutes=15)
+# A deleted tenant's purge is left to its task this long before the sweep takes it over.
+TENANT_PURGE_GRACE = timedelta(minutes=10)
 # Closed uploads whose staged bytes one sweep removes at most (the rest wait for the next one).
 SWEEP_MAX_UPLOADS = 500
 
@@ -109,6 +111,46 @@ def adapter_purge(*, adapter_id: int, require_unload: bool = True) -> int:
     return purged
 
 
+def tenant_purge_record(*, tenant_id: int) -> TenantPurge:
+    """Record what a tenant's deletion will leave to remove (call in the deletion's transaction, before its rows
+    go): the engine ids of versions an engine may hold and the staging prefixes of uploads not purged."""
+    engine_ids = list(AdapterVersion.objects.filter(
+        adapter__tenant_id=tenant_id, purged_at__isnull=True, status__in=(Status.READY, Status.VALIDATING),
+    ).values_list("engine_id", flat=True))
+    uploads = [str(u) for u in AdapterUpload.objects.filter(tenant_id=tenant_id, purged_at__isnull=True)
+               .values_list("uuid", flat=True)]
+    return TenantPurge.objects.create(tenant_id=tenant_id, engine_ids=engine_ids, upload_uuids=uploads)
+
+
+def tenant_objects_purge(*, purge_id: int, require_unload: bool = True) -> int:
+    """After a tenant was deleted: engines unload its adapters, and every object under its prefix and its uploads'
+    staging prefixes is deleted. Idempotent; how many objects were deleted now. TransientFailure when the store
+    (or, with ``require_unload``, an engine) is unreachable."""
+    record = TenantPurge.objects.filter(pk=purge_id, purged_at__isnull=True).first()
+    if record is None:
+        return 0
+    failures = {}
+    if settings.ENGINE_URLS:
+        for engine_id in record.engine_ids:
+            failures.update(unload_everywhere(settings.ENGINE_URLS, settings.ENGINE_API_KEY, engine_id,
+                                              timeout=UNLOAD_TIMEOUT_S))
+    if require_unload and any(error.retryable for error in failures.values()):
+        raise TransientFailure("engines did not confirm the unload of a deleted tenant's adapters: "
+                               + "; ".join(str(e) for e in failures.values()))
+    store = object_store()
+    try:
+        removed = store.delete_prefix(tenant_prefix(record.tenant_id))
+        for upload_uuid in record.upload_uuids:
+            store.abort_multipart_uploads(staging_prefix(upload_uuid))
+            removed += store.delete_prefix(staging_prefix(upload_uuid))
+    except StoreUnavailable as exc:
+        raise TransientFailure(f"objects of deleted tenant {record.tenant_id} not deleted yet: {exc}") from exc
+    TenantPurge.objects.filter(pk=record.pk).update(purged_at=timezone.now())
+    logger.info("deleted tenant %s: %d objects removed, %d adapter versions unloaded", record.tenant_id, removed,
+                len(record.engine_ids))
+    return removed
+
+
 def registry_sweep() -> dict[str, int]:
     """What tasks may have left (a lost task, a store outage): purge failed and deleted versions and finished
     uploads whose objects remain, and what presigned URLs wrote after their upload was closed (once they are
@@ -122,4 +164,12 @@ def registry_sweep() -> dict[str, int]:
         except TransientFailure as exc:
             logger.warning("sweep: %s", exc)
     uploads = sum(upload_staging_purge(upload) for upload in _uploads_to_purge()[:SWEEP_MAX_UPLOADS])
-    return {"versions": purged, "uploads": uploads}
+    tenants = 0
+    for pk in TenantPurge.objects.filter(purged_at__isnull=True, created_at__lte=timezone.now() - TENANT_PURGE_GRACE
+                                         ).values_list("pk", flat=True)[:SWEEP_MAX_UPLOADS]:
+        try:
+            tenant_objects_purge(purge_id=pk, require_unload=False)
+            tenants += 1
+        except TransientFailure as exc:
+            logger.warning("sweep: %s", exc)
+    return {"versions": purged, "uploads": uploads, "deleted_tenants": tenants}
