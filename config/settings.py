@@ -131,6 +131,17 @@ CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
 
 CACHES = {"default": {"BACKEND": "django.core.cache.backends.redis.RedisCache", "LOCATION": REDIS_URL}}
 
+# --- Email (invitations). Without EMAIL_HOST, messages go to the Celery worker's log (the console backend).
+EMAIL_HOST = env_str("EMAIL_HOST", "")
+EMAIL_BACKEND = ("django.core.mail.backends.smtp.EmailBackend" if EMAIL_HOST
+                 else "django.core.mail.backends.console.EmailBackend")
+EMAIL_PORT = env_int("EMAIL_PORT", 587, minimum=1, maximum=65535)
+EMAIL_HOST_USER = env_str("EMAIL_HOST_USER", "")
+EMAIL_HOST_PASSWORD = env_str("EMAIL_HOST_PASSWORD", "")
+EMAIL_USE_TLS = env_bool("EMAIL_USE_TLS", True)
+EMAIL_TIMEOUT = 10
+DEFAULT_FROM_EMAIL = env_str("DEFAULT_FROM_EMAIL", "LoRA platform <noreply@localhost>")
+
 # --- Object store (adapters). The public endpoint is what browsers reach for presigned uploads. ---
 S3_ENDPOINT_URL = env_url("S3_ENDPOINT_URL", "http://127.0.0.1:8333", schemes=("http", "https"))
 S3_PUBLIC_ENDPOINT_URL = env_url("S3_PUBLIC_ENDPOINT_URL", S3_ENDPOINT_URL, schemes=("http", "https"))

@@ -1,5 +1,7 @@
-"""Celery tasks (thin: the work is in tenants.services.usage). Scheduled by CELERY_BEAT_SCHEDULE in settings."""
+"""Celery tasks (thin: the work is in tenants.services). The usage ones are scheduled by CELERY_BEAT_SCHEDULE in
+settings."""
 
+import smtplib
 from datetime import date, timedelta
 
 from celery import shared_task
@@ -25,3 +27,12 @@ def usage_rollup_recent() -> int:
 def usage_purge() -> int:
     """Delete raw rows past USAGE_RAW_RETENTION_DAYS, each day rolled up first."""
     return services.usage_purge_raw()
+
+
+@shared_task(bind=True, acks_late=True, max_retries=5)
+def invitation_email(self, invitation_id: int, link: str) -> bool:
+    """Email an invitation's link; retried with backoff while the mail server is unreachable or refuses."""
+    try:
+        return services.invitation_email_send(invitation_id=invitation_id, link=link)
+    except (smtplib.SMTPException, OSError) as exc:
+        raise self.retry(exc=exc, countdown=min(300, 10 * 2 ** self.request.retries)) from exc

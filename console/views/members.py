@@ -35,6 +35,11 @@ def members(request, slug: str):
     return _page(request, access_tenant(request, slug))
 
 
+def invitation_link(request, token: str) -> str:
+    """The absolute URL that accepts an invitation (emailed, and shown to whoever invited)."""
+    return request.build_absolute_uri(reverse("console:invitation-accept", kwargs={"token": token}))
+
+
 @never_cache  # the answer holds the invitation's link, shown this once
 @login_required
 @require_POST
@@ -45,10 +50,10 @@ def invite(request, slug: str):
         return _page(request, access, invite_form=form)
     invitation, token = services.invitation_create(
         tenant=access.tenant, email=form.cleaned_data["email"], role=form.cleaned_data["role"],
-        invited_by=request.user)
-    link = request.build_absolute_uri(reverse("console:invitation-accept", kwargs={"token": token}))
-    messages.success(request, f"Invitation for {invitation.email} created. Send them the link below; it works "
-                              "once, for 7 days, and is not shown again.")
+        invited_by=request.user, link_for=lambda token: invitation_link(request, token))
+    link = invitation_link(request, token)
+    messages.success(request, f"Invitation for {invitation.email} created and emailed to them. The link below "
+                              "works too; it works once, for 7 days, and is not shown again.")
     return _page(request, access, invitation_link=link)
 
 

@@ -5,6 +5,7 @@ from tenants.services.quotas import quota_set
 from tenants.services.tenants import (
     invitation_accept,
     invitation_create,
+    invitation_email_send,
     invitation_revoke,
     membership_add,
     membership_remove,
@@ -31,6 +32,7 @@ __all__ = [
     "api_key_revoke",
     "invitation_accept",
     "invitation_create",
+    "invitation_email_send",
     "invitation_revoke",
     "membership_add",
     "membership_remove",

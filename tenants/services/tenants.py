@@ -1,10 +1,12 @@
 """Writes about tenants and people: tenants, accounts, memberships, invitations, passwords."""
 
 import secrets
+from collections.abc import Callable
 from datetime import timedelta
 
 from django.contrib.auth import get_user_model, password_validation
 from django.core.exceptions import ValidationError
+from django.core.mail import send_mail
 from django.db import IntegrityError, transaction
 from django.utils import timezone
 from django.utils.text import slugify
@@ -153,15 +155,40 @@ def _keep_an_admin(tenant: Tenant, *, leaving: Membership) -> None:
 
 
 @transaction.atomic
-def invitation_create(*, tenant: Tenant, email: str, role: str, invited_by) -> tuple[Invitation, str]:
-    """An invitation and its token (shown once; only its sha256 is stored)."""
+def invitation_create(*, tenant: Tenant, email: str, role: str, invited_by,
+                      link_for: Callable[[str], str] | None = None) -> tuple[Invitation, str]:
+    """An invitation and its token (shown once; only its sha256 is stored). With ``link_for`` (token -> the
+    absolute URL that accepts it), the link is also emailed to the invitee once the transaction commits."""
     _check_role(role)
     token = secrets.token_urlsafe(32)
     invitation = Invitation.objects.create(
         tenant=tenant, email=email.strip().lower(), role=role, invited_by=invited_by,
         token_hash=Invitation.hash_token(token), expires_at=timezone.now() + INVITATION_LIFETIME,
     )
+    if link_for is not None:
+        from tenants import tasks
+
+        link = link_for(token)
+        transaction.on_commit(lambda: tasks.invitation_email.delay(invitation.pk, link))
     return invitation, token
+
+
+def invitation_email_send(*, invitation_id: int, link: str) -> bool:
+    """Email an invitation's link to the invitee; False (nothing sent) when it was accepted, revoked or expired
+    meanwhile. Raises what the mail server raised (the task retries)."""
+    invitation = (Invitation.objects.select_related("tenant", "invited_by")
+                  .filter(pk=invitation_id, accepted_at__isnull=True, expires_at__gt=timezone.now()).first())
+    if invitation is None:
+        return False
+    inviter = invitation.invited_by.email if invitation.invited_by else "An operator"
+    expires = invitation.expires_at.strftime("%Y-%m-%d %H:%M UTC")
+    send_mail(
+        subject=f"You are invited to {invitation.tenant.name}",
+        message=(f"{inviter} invited you to join {invitation.tenant.name} as {invitation.role}.\n\n"
+                 f"Accept the invitation here (it works once, until {expires}):\n{link}\n\n"
+                 "If you did not expect this invitation, ignore this message."),
+        from_email=None, recipient_list=[invitation.email])
+    return True
 
 
 @transaction.atomic

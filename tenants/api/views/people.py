@@ -1,6 +1,7 @@
 """People: sign-in with Django's auth, accounts (operators), memberships and invitations of a tenant."""
 
 from django.contrib.auth import authenticate, get_user_model, login, logout, update_session_auth_hash
+from django.urls import reverse
 from drf_spectacular.utils import extend_schema
 from rest_framework import generics, status
 from rest_framework.exceptions import PermissionDenied, ValidationError
@@ -148,12 +149,13 @@ class InvitationListView(generics.ListAPIView):
 
     @extend_schema(request=InvitationCreateSerializer, responses={201: InvitationCreatedSerializer})
     def post(self, request, slug: str):
-        """Invite someone; the response carries the token once."""
+        """Invite someone: the invitee gets the accept link by email; the response carries the token once."""
         access = access_tenant(request, slug, need=Role.ADMIN)
         data = validated(InvitationCreateSerializer, request.data)
         inviter = None if isinstance(request.user, KeyPrincipal) else request.user
-        invitation, token = services.invitation_create(tenant=access.tenant, email=data["email"], role=data["role"],
-                                                       invited_by=inviter)
+        invitation, token = services.invitation_create(
+            tenant=access.tenant, email=data["email"], role=data["role"], invited_by=inviter,
+            link_for=lambda token: request.build_absolute_uri(reverse("console:invitation-accept", args=[token])))
         invitation.token = token
         return Response(InvitationCreatedSerializer(invitation).data, status=status.HTTP_201_CREATED)
 
