@@ -3,6 +3,10 @@
 Input mistakes stay Django ``ValidationError`` (400, as in the tenants app); these are the other refusals.
 """
 
+import logging
+
+logger = logging.getLogger(__name__)
+
 
 class AdapterServiceError(Exception):
     status = 400
@@ -44,10 +48,17 @@ class UploadStateError(AdapterServiceError):
 
 
 class StoreUnavailableError(AdapterServiceError):
-    """The object store is unreachable: retry later."""
+    """The object store is unreachable: retry later (the answer says so with Retry-After; the store's own error,
+    which names internal addresses and keys, is only logged)."""
 
     status = 503
     code = "store_unavailable"
+    retry_after_s = 5
+
+    def __init__(self, cause: BaseException | None = None):
+        if cause is not None:
+            logger.warning("object store unavailable: %r", cause)
+        super().__init__("The object store is unavailable; retry shortly.")
 
 
 class TransientFailure(Exception):

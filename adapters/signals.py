@@ -15,4 +15,4 @@ def purge_a_deleted_tenants_objects(sender, instance: Tenant, **kwargs) -> None:
     from adapters import services, tasks
 
     record = services.tenant_purge_record(tenant_id=instance.pk)  # rolled back with the deletion, if it is
-    transaction.on_commit(lambda: tasks.tenant_objects_purge.delay(record.pk))
+    transaction.on_commit(lambda: tasks.tenant_objects_purge.delay(record.pk), robust=True)

@@ -224,8 +224,10 @@ def _client(endpoint: str, region: str, key_id: str, secret: str):
 
     # SeaweedFS and MinIO want path-style addresses; AWS endpoints take virtual-hosted ones.
     style = "virtual" if (urlparse(endpoint).hostname or "").endswith("amazonaws.com") else "path"
-    config = Config(signature_version="s3v4", s3={"addressing_style": style}, connect_timeout=5, read_timeout=60,
-                    retries={"max_attempts": 3, "mode": "standard"})
+    # A store that does not answer costs a call at most 2 x S3_TIMEOUT_S (botocore's defaults, 60 s reads and four
+    # attempts, held a request four minutes on a frozen store); tasks retry on their own schedule (adapters.tasks).
+    config = Config(signature_version="s3v4", s3={"addressing_style": style}, connect_timeout=3,
+                    read_timeout=settings.S3_TIMEOUT_S, retries={"total_max_attempts": 2, "mode": "standard"})
     return boto3.session.Session().client(
         "s3", endpoint_url=endpoint, region_name=region, aws_access_key_id=key_id, aws_secret_access_key=secret,
         config=config,

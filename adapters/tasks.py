@@ -1,6 +1,7 @@
 """Celery tasks of the registry (thin: the work is in adapters.services). All run with acks_late, so a task
 whose worker dies is delivered again; each is idempotent. Transient failures (object store or engines down, a
-database deadlock or lost connection) retry with backoff up to ADAPTER_TASK_MAX_RETRIES; the last attempt of a
+database deadlock or lost connection) retry with backoff (5 s doubling to 5 min: the default 8 retries span about 15
+minutes, so a short outage does not fail a valid upload) up to ADAPTER_TASK_MAX_RETRIES; the last attempt of a
 validation settles the version's outcome instead, and the beat sweep picks up whatever is still left."""
 
 from celery import shared_task
@@ -20,7 +21,7 @@ def _is_final(task) -> bool:
 def _retry_or_raise(task, exc: Exception):
     if _is_final(task):
         raise exc
-    raise task.retry(exc=exc, countdown=min(60, 2 ** task.request.retries))
+    raise task.retry(exc=exc, countdown=min(300, 5 * 2 ** task.request.retries))
 
 
 @shared_task(bind=True, acks_late=True, max_retries=None)

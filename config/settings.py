@@ -147,6 +147,8 @@ S3_ENDPOINT_URL = env_url("S3_ENDPOINT_URL", "http://127.0.0.1:8333", schemes=("
 S3_PUBLIC_ENDPOINT_URL = env_url("S3_PUBLIC_ENDPOINT_URL", S3_ENDPOINT_URL, schemes=("http", "https"))
 S3_BUCKET = env_str("S3_BUCKET", "lora-adapters")
 S3_REGION = env_str("S3_REGION", "us-east-1")
+# Longest wait for one answer of the object store (each call tries twice at most).
+S3_TIMEOUT_S = env_int("S3_TIMEOUT_S", 10, minimum=1)
 AWS_ACCESS_KEY_ID = env_str("AWS_ACCESS_KEY_ID", "platform-dev-access" if DEBUG else None)
 AWS_SECRET_ACCESS_KEY = env_str("AWS_SECRET_ACCESS_KEY", "platform-dev-secret-0123456789" if DEBUG else None)
 
@@ -190,7 +192,7 @@ ADAPTER_UPLOAD_PART_BYTES = env_int("ADAPTER_UPLOAD_PART_BYTES", 8 * 1024**2, mi
 # How long presigned upload URLs (and the upload they belong to) stay valid.
 ADAPTER_UPLOAD_TTL_S = env_int("ADAPTER_UPLOAD_TTL_S", 3600, minimum=60, maximum=7 * 24 * 3600)
 # Attempts of a validation or purge task on transient object-store or engine errors before it gives up.
-ADAPTER_TASK_MAX_RETRIES = env_int("ADAPTER_TASK_MAX_RETRIES", 5, minimum=0)
+ADAPTER_TASK_MAX_RETRIES = env_int("ADAPTER_TASK_MAX_RETRIES", 8, minimum=0)
 
 # --- Tenants: platform default quotas (each tenant may override), key cache, usage retention ---
 TENANT_QUOTA_DEFAULTS = {

@@ -14,4 +14,4 @@ from tenants.models import Tenant, TenantAPIKey
 def invalidate_cached_keys(sender, **kwargs) -> None:
     from tenants.key_auth import auth_generation_bump
 
-    transaction.on_commit(auth_generation_bump)
+    transaction.on_commit(auth_generation_bump, robust=True)

@@ -22,6 +22,7 @@ WRITE_ROLE = Role.ADMIN
 class _ServiceAPIError(APIException):
     def __init__(self, exc: AdapterServiceError):
         self.status_code = exc.status
+        self.wait = getattr(exc, "retry_after_s", None)  # DRF answers it as Retry-After
         super().__init__(detail=exc.message, code=exc.code)
 
 

@@ -79,7 +79,7 @@ def adapter_delete(*, tenant: Tenant, adapter: Adapter) -> None:
     AdapterUpload.objects.filter(adapter=adapter, status=AdapterUpload.Status.PENDING).update(
         status=AdapterUpload.Status.ABORTED, finished_at=now)
     adapter_id = adapter.pk
-    transaction.on_commit(lambda: tasks.adapter_purge.delay(adapter_id))
+    transaction.on_commit(lambda: tasks.adapter_purge.delay(adapter_id), robust=True)
 
 
 @transaction.atomic
@@ -92,4 +92,4 @@ def adapter_version_delete(*, tenant: Tenant, version: AdapterVersion) -> None:
     version.deleted_at = timezone.now()
     version.save(update_fields=["deleted_at"])
     version_id = version.pk
-    transaction.on_commit(lambda: tasks.adapter_version_purge.delay(version_id))
+    transaction.on_commit(lambda: tasks.adapter_version_purge.delay(version_id), robust=True)

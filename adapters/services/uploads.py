@@ -115,7 +115,7 @@ def upload_create_presigned(*, tenant: Tenant, adapter: Adapter, files: list[dic
             targets.append({"name": item["name"], "size": item["size"], "part_sizes": sizes, "urls": urls})
     except StoreUnavailable as exc:
         upload_abort(tenant=tenant, upload=upload)
-        raise StoreUnavailableError(f"The object store is unavailable: {exc}") from exc
+        raise StoreUnavailableError(exc) from exc
     AdapterUpload.objects.filter(pk=upload.pk).update(files=upload.files)
     return upload, targets
 
@@ -138,7 +138,12 @@ def upload_complete(*, tenant: Tenant, upload: AdapterUpload, received: list[dic
         raise UploadStateError("The upload is being streamed; it completes when the request sending its files "
                                "ends.", code="upload_streaming")
     if upload.presigned:
-        files = _finish_presigned(upload)
+        try:
+            files = _finish_presigned(upload)
+        except UploadStateError:
+            upload.refresh_from_db()  # closed meanwhile (an abort won the race)? then that is the answer
+            _check_open(upload, Adapter.objects.get(pk=upload.adapter_id))
+            raise
     else:
         files = [{"name": f["name"], "key": f["key"], "size": f["size"]} for f in received or []]
         if not files:
@@ -181,7 +186,7 @@ def _finish_presigned(upload: AdapterUpload) -> list[dict]:
                 raise UploadStateError(f"{item['name']} has {size} bytes; {item['size']} were declared.")
             files.append({"name": item["name"], "key": item["key"], "size": size})
     except StoreUnavailable as exc:
-        raise StoreUnavailableError(f"The object store is unavailable: {exc}") from exc
+        raise StoreUnavailableError(exc) from exc
     return files
 
 
@@ -196,7 +201,10 @@ def _finish_multipart(store, item: dict) -> None:
     if [p["size"] for p in parts] != expected:
         raise UploadStateError(f"{item['name']}: {len(parts)} of {len(expected)} parts are uploaded with the "
                                "declared sizes.")
-    store.complete_multipart(item["key"], item["multipart_id"], parts)
+    try:
+        store.complete_multipart(item["key"], item["multipart_id"], parts)
+    except ObjectMissing:
+        pass  # a concurrent complete finished it first; the size check and the locked re-check decide
 
 
 @transaction.atomic
@@ -217,7 +225,7 @@ def _complete(*, tenant: Tenant, upload: AdapterUpload, files: list[dict]) -> Ad
     upload.status, upload.files, upload.version = AdapterUpload.Status.COMPLETED, files, version
     upload.finished_at = timezone.now()
     upload.save(update_fields=["status", "files", "version", "finished_at"])
-    transaction.on_commit(lambda: tasks.adapter_version_validate.delay(version.pk))
+    transaction.on_commit(lambda: tasks.adapter_version_validate.delay(version.pk), robust=True)
     return version
 
 

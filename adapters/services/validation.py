@@ -155,7 +155,8 @@ def _finish(version: AdapterVersion, result: ValidatedAdapter, fingerprint: Mode
                 warm_loaded_at=now if warm_loaded else None,
             )
     if discard:
-        _remove_objects(version, unload=True)
+        if not _remove_objects(version, unload=True):  # the store failed: leave the removal to the sweep, even
+            AdapterVersion.objects.filter(pk=version.pk).update(purged_at=None)  # if a purge already ran
     else:
         upload_staging_purge(AdapterUpload.objects.get(version=version))
 

@@ -1,5 +1,7 @@
-"""Errors of services (django ValidationError) answer 400 in the standardized error shape."""
+"""Errors of services answer in the standardized error shape: django's ValidationError is a 400, and a row a service
+locks that went away meanwhile (two deletes of the same object at once: the second finds nothing) is a 404."""
 
+from django.core.exceptions import ObjectDoesNotExist
 from django.core.exceptions import ValidationError as DjangoValidationError
 from drf_standardized_errors.handler import ExceptionHandler
 from rest_framework import exceptions
@@ -10,4 +12,6 @@ class ServiceErrorHandler(ExceptionHandler):
         if isinstance(exc, DjangoValidationError):
             detail = exc.message_dict if hasattr(exc, "error_dict") else exc.messages
             return exceptions.ValidationError(detail=detail)
+        if isinstance(exc, ObjectDoesNotExist):
+            return exceptions.NotFound()
         return super().convert_known_exceptions(exc)

@@ -53,7 +53,7 @@ def api_key_revoke(*, tenant: Tenant, key: TenantAPIKey) -> TenantAPIKey:
         key.revoked = True
         key.revoked_at = timezone.now()
         key.save(update_fields=["revoked", "revoked_at"])
-        transaction.on_commit(auth_generation_bump)
+        transaction.on_commit(auth_generation_bump, robust=True)
     return key
 
 

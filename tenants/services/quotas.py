@@ -34,5 +34,5 @@ def quota_set(*, tenant: Tenant, changes: dict[str, int | None], changed_by=None
                     source=source)
         for name in changed
     )
-    transaction.on_commit(auth_generation_bump)  # cached keys carry the quota: refresh them everywhere
+    transaction.on_commit(auth_generation_bump, robust=True)  # cached keys carry the quota: refresh them everywhere
     return quota

@@ -74,7 +74,7 @@ def tenant_set_status(*, tenant: Tenant, status: str) -> Tenant:
     if tenant.status != status:
         tenant.status = status
         tenant.save(update_fields=["status", "updated_at"])
-        transaction.on_commit(auth_generation_bump)
+        transaction.on_commit(auth_generation_bump, robust=True)
     return tenant
 
 
@@ -169,7 +169,7 @@ def invitation_create(*, tenant: Tenant, email: str, role: str, invited_by,
         from tenants import tasks
 
         link = link_for(token)
-        transaction.on_commit(lambda: tasks.invitation_email.delay(invitation.pk, link))
+        transaction.on_commit(lambda: tasks.invitation_email.delay(invitation.pk, link), robust=True)
     return invitation, token
 
 

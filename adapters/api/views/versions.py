@@ -82,7 +82,7 @@ class AdapterVersionListView(ServiceErrorsMixin, generics.ListAPIView):
         except Exception as exc:
             services.upload_abort(tenant=access.tenant, upload=upload)
             if isinstance(exc, StoreUnavailable):
-                raise StoreUnavailableError(f"The object store is unavailable: {exc}") from exc
+                raise StoreUnavailableError(exc) from exc
             raise
         return Response(AdapterVersionSerializer(version).data, status=status.HTTP_202_ACCEPTED)
 
