@@ -6,11 +6,13 @@ from datetime import UTC, date, datetime, time, timedelta
 from django import forms
 from django.conf import settings
 from django.core.exceptions import ValidationError
+from django.db import models
 from django.utils import timezone
 
-from tenants.models import QUOTA_FIELDS, Role, Scope, Tenant
+from tenants.models import QUOTA_FIELDS, Quota, Role, Scope, Tenant
 
 MAX_RANGE_DAYS = 366
+FIRST_DAY, LAST_DAY = date(2000, 1, 1), date(9000, 12, 31)  # room for the presets' and the queries' day arithmetic
 
 
 def add_service_errors(form: forms.Form, error: ValidationError) -> None:
@@ -84,6 +86,12 @@ class TenantSearchForm(forms.Form):
     status = forms.ChoiceField(required=False, choices=[("", "Any status"), *Tenant.Status.choices])
 
 
+def _column_max(name: str) -> int:
+    """The largest value the quota column holds (integer or big integer)."""
+    big = isinstance(Quota._meta.get_field(name), models.PositiveBigIntegerField)
+    return 2**63 - 1 if big else 2**31 - 1
+
+
 class QuotaForm(forms.Form):
     """One optional number per quota field; empty means the platform default."""
 
@@ -103,7 +111,7 @@ class QuotaForm(forms.Form):
         defaults = settings.TENANT_QUOTA_DEFAULTS
         for name in QUOTA_FIELDS:
             self.fields[name] = forms.IntegerField(
-                required=False, min_value=1, max_value=2**63 - 1, label=self.LABELS[name],
+                required=False, min_value=1, max_value=_column_max(name), label=self.LABELS[name],
                 help_text=f"Platform default: {defaults[name]:,}. Leave empty to use it.",
                 widget=forms.NumberInput(attrs={"placeholder": "default"}),
             )
@@ -127,6 +135,8 @@ class DateRangeForm(forms.Form):
         data = super().clean()
         until = data.get("until") or self.today
         since = data.get("since") or min(self.default_since, until)
+        if not FIRST_DAY <= since <= LAST_DAY or not FIRST_DAY <= until <= LAST_DAY:
+            raise ValidationError(f"Choose days between {FIRST_DAY} and {LAST_DAY}.")
         if since > until:
             raise ValidationError("The first day must not be after the last day.")
         if (until - since).days + 1 > MAX_RANGE_DAYS:

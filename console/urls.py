@@ -3,6 +3,7 @@
 from django.contrib.auth import views as auth_views
 from django.urls import path, reverse_lazy
 
+from adapters import url_converters  # noqa: F401 - registers <adapter_name:> and <key_prefix:>
 from console.views import adapters, engines, home, keys, members, operator, overview, playground, usage
 
 app_name = "console"
@@ -24,7 +25,7 @@ urlpatterns = [
     path(T + "usage/", usage.dashboard, name="tenant-usage"),
     path(T + "usage/export.csv", usage.export_csv, name="tenant-usage-export"),
     path(T + "keys/", keys.keys, name="tenant-keys"),
-    path(T + "keys/<str:prefix>/revoke/", keys.revoke, name="tenant-key-revoke"),
+    path(T + "keys/<key_prefix:prefix>/revoke/", keys.revoke, name="tenant-key-revoke"),
     path(T + "members/", members.members, name="tenant-members"),
     path(T + "members/invite/", members.invite, name="tenant-invite"),
     path(T + "members/add/", members.add, name="tenant-member-add"),
@@ -32,9 +33,9 @@ urlpatterns = [
     path(T + "members/<int:pk>/remove/", members.remove, name="tenant-member-remove"),
     path(T + "invitations/<int:pk>/revoke/", members.revoke_invitation, name="tenant-invitation-revoke"),
     path(T + "adapters/", adapters.adapter_list, name="tenant-adapters"),
-    path(T + "adapters/<str:name>/", adapters.adapter_detail, name="tenant-adapter"),
-    path(T + "adapters/<str:name>/delete/", adapters.adapter_delete, name="tenant-adapter-delete"),
-    path(T + "adapters/<str:name>/versions/<int:number>/delete/", adapters.version_delete,
+    path(T + "adapters/<adapter_name:name>/", adapters.adapter_detail, name="tenant-adapter"),
+    path(T + "adapters/<adapter_name:name>/delete/", adapters.adapter_delete, name="tenant-adapter-delete"),
+    path(T + "adapters/<adapter_name:name>/versions/<int:number>/delete/", adapters.version_delete,
          name="tenant-adapter-version-delete"),
     path(T + "playground/", playground.playground, name="tenant-playground"),
     path("operator/tenants/", operator.tenants, name="operator-tenants"),

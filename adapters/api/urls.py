@@ -1,22 +1,9 @@
 """The adapter API under /api/tenants/<slug>/adapters/ (config/urls.py includes it next to the tenants API)."""
 
-from django.urls import path, register_converter
+from django.urls import path
 
+from adapters import url_converters  # noqa: F401 - registers <adapter_name:>
 from adapters.api.views import adapters, uploads, versions
-from adapters.refs import ADAPTER_NAME_PATTERN
-
-
-class AdapterNameConverter:
-    regex = ADAPTER_NAME_PATTERN
-
-    def to_python(self, value: str) -> str:
-        return value
-
-    def to_url(self, value: str) -> str:
-        return value
-
-
-register_converter(AdapterNameConverter, "adapter_name")
 
 app_name = "adapters-api"
 

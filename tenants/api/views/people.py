@@ -6,6 +6,7 @@ from drf_spectacular.utils import extend_schema
 from rest_framework import generics, status
 from rest_framework.exceptions import PermissionDenied, ValidationError
 from rest_framework.generics import get_object_or_404
+from rest_framework.parsers import JSONParser
 from rest_framework.permissions import AllowAny
 from rest_framework.response import Response
 from rest_framework.views import APIView
@@ -48,10 +49,13 @@ class MeView(APIView):
 
 
 class LoginView(APIView):
-    """Start a session (cookie) for the web UI and the browsable API."""
+    """Start a session (cookie) for the web UI and the browsable API. JSON bodies only: with no session yet there is
+    no CSRF check, and a cross-site form (urlencoded, multipart or text/plain, all sent without a preflight) must
+    not be able to sign a victim into the sender's account."""
 
     permission_classes = [AllowAny]
     authentication_classes = []
+    parser_classes = [JSONParser]
 
     @extend_schema(request=LoginSerializer, responses={200: UserSerializer})
     def post(self, request):
