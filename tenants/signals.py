@@ -6,6 +6,7 @@ from django.db import transaction
 from django.db.models.signals import post_delete
 from django.dispatch import receiver
 
+from tenants import login_throttle  # noqa: F401 - connects the sign-in failure counters
 from tenants.models import Tenant, TenantAPIKey
 
 

@@ -1,5 +1,6 @@
 """Where a person lands after signing in, and joining a tenant through an invitation."""
 
+from django.conf import settings
 from django.contrib import messages
 from django.contrib.auth import login
 from django.contrib.auth.decorators import login_required
@@ -45,7 +46,7 @@ def invitation_accept(request, token: str):
             add_service_errors(form, error)
         else:
             if not signed_in:
-                login(request, membership.user, backend="django.contrib.auth.backends.ModelBackend")
+                login(request, membership.user, backend=settings.AUTHENTICATION_BACKENDS[0])
             messages.success(request, f"Welcome to {membership.tenant.name}.")
             return back_to("console:tenant-overview", slug=membership.tenant.slug)
     return render_page(request, "console/invitation.html", {"invitation": invitation, "form": form})
