@@ -18,6 +18,10 @@ STAGING_ROOT = "uploads/"
 _TRANSIENT_CODES = {"InternalError", "ServiceUnavailable", "SlowDown", "RequestTimeout", "RequestTimeTooSkewed",
                     "500", "502", "503", "504"}
 _MISSING_CODES = {"NoSuchKey", "NoSuchUpload", "404", "NotFound"}
+# The platform's own credentials or bucket refused: an outage of the platform (fixed by an operator), never the
+# fault of the upload at hand, so retried like one (a version is not failed for it until its last attempt).
+_ACCESS_CODES = {"AccessDenied", "InvalidAccessKeyId", "SignatureDoesNotMatch", "ExpiredToken", "NoSuchBucket",
+                 "AllAccessDisabled", "403"}
 _CHUNK = 1 << 20
 
 
@@ -64,6 +68,9 @@ def _translate(exc: Exception) -> Exception:
             return ObjectMissing(code)
         if code in _TRANSIENT_CODES or status >= 500:
             return StoreUnavailable(f"object store answered {code or status}")
+        if code in _ACCESS_CODES or status == 403:
+            return StoreUnavailable(f"object store refused the platform's access ({code or status}): check S3_BUCKET "
+                                    "and the S3 credentials")
         return exc
     if isinstance(exc, BotoCoreError):
         return StoreUnavailable(f"object store unreachable: {exc}")

@@ -226,6 +226,27 @@ def test_a_transient_store_error_retries_and_the_last_attempt_settles(monkeypatc
     assert other.failure_code == "store_unavailable" and "simulated" in other.failure_reason
 
 
+def test_the_store_refusing_the_platforms_access_is_an_outage_not_the_uploads_fault(monkeypatch, tenant, adapter,
+                                                                                     tiny_good_adapter):
+    from botocore.exceptions import ClientError
+
+    version = presigned_upload(tenant, adapter, good_files(tiny_good_adapter))
+    store = object_store()
+    real_get = store.client.get_object
+
+    def denied(**kwargs):
+        raise ClientError({"Error": {"Code": "AccessDenied", "Message": "Access Denied"},
+                           "ResponseMetadata": {"HTTPStatusCode": 403}}, "GetObject")
+
+    monkeypatch.setattr(store.client, "get_object", denied)
+    with pytest.raises(TransientFailure):  # retried (it stayed `validating` with no reason for good before)
+        services.adapter_version_validate(version_id=version.pk, final_attempt=False)
+    assert services.adapter_version_validate(version_id=version.pk, final_attempt=True) == FAILED
+    version.refresh_from_db()
+    assert version.failure_code == "store_unavailable" and "AccessDenied" in version.failure_reason
+    monkeypatch.setattr(store.client, "get_object", real_get)
+
+
 def test_the_celery_task_retries_transient_errors(monkeypatch, settings, tenant, adapter, tiny_good_adapter):
     from adapters import tasks
 
