@@ -28,14 +28,12 @@ import weakref
 
 from django.db import InterfaceError, OperationalError
 from django.utils import timezone
-from redis.exceptions import ConnectionError as RedisConnectionError
-from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from gateway import metrics
 from gateway.callers import Caller
 from gateway.db import on_db_thread
 from gateway.targets import Target
-from tenants.limiter import Reservation, settle
+from tenants.limiter import Reservation, settle, until_redis_answers
 from tenants.models import UsageStatus
 from tenants.services import usage_record_create_async, usage_records_create_async
 
@@ -43,10 +41,8 @@ logger = logging.getLogger("gateway.metering")
 
 SETTLE_WAIT_S = 0.5  # the longest an answer waits for its settle (before [DONE])
 ROW_WAIT_S = 2.0  # the longest an answer waits for its usage row (before its end)
-RETRY_FIRST_S, RETRY_MAX_S = 0.25, 10.0  # backoff of settles and rows retried after an outage
-SETTLE_GIVE_UP_S = 86_400.0  # a reservation's record lives a day (QuotaLimiter.record_ttl_ms): no use past it
+RETRY_FIRST_S, RETRY_MAX_S = 0.25, 10.0  # backoff of rows retried after an outage (settles: the limiter's)
 MAX_ROWS_PER_INSERT = 500
-_REDIS_DOWN = (RedisConnectionError, RedisTimeoutError)
 _DATABASE_DOWN = (OperationalError, InterfaceError)  # gateway.db.DatabaseNotAnswering included
 
 # Strong references to bookkeeping tasks still running (the event loop itself keeps only weak ones).
@@ -147,32 +143,26 @@ async def settle_until_taken(reservation: Reservation, prompt: int, completion: 
                              first_attempt: asyncio.Future | None, ended_at: float) -> None:
     """Settle, again and again with backoff while Redis does not answer; ``first_attempt`` is done after the
     first try (taken, or queued to be sent again). ``ended_at``: when the request ended (epoch seconds)."""
-    delay, given_up_at = RETRY_FIRST_S, time.monotonic() + SETTLE_GIVE_UP_S
     queued = False
+
+    def failed(exc: Exception) -> None:
+        nonlocal queued
+        metrics.usage_write_failures_total.labels(what="settle").inc()
+        if not queued:
+            queued = True
+            metrics.settles_pending.inc()
+            logger.warning("settle of %s failed (%r); sent again until Redis takes it", request_id, exc)
+        if first_attempt is not None and not first_attempt.done():
+            first_attempt.set_result(None)
+
     _unsettled[reservation.id] = (reservation, prompt, completion, request_id, ended_at)
     try:
-        while True:
-            try:
-                await settle(reservation, prompt, completion, ended_at)
-                if queued:
-                    logger.info("settle of %s taken after Redis came back", request_id)
-                return
-            except _REDIS_DOWN as exc:
-                metrics.usage_write_failures_total.labels(what="settle").inc()
-                if time.monotonic() + delay > given_up_at:
-                    logger.error("settle of %s abandoned: Redis has not answered for a day", request_id)
-                    return
-                if not queued:
-                    queued = True
-                    metrics.settles_pending.inc()
-                    logger.warning("settle of %s failed (%r); sent again until Redis takes it", request_id, exc)
-                if first_attempt is not None and not first_attempt.done():
-                    first_attempt.set_result(None)
-                await asyncio.sleep(delay)
-                delay = min(delay * 2, RETRY_MAX_S)
-    except Exception:  # not an outage: retrying cannot help (the slot's TTL frees it)
-        metrics.usage_write_failures_total.labels(what="settle").inc()
-        logger.exception("settle of %s failed", request_id)
+        taken = await until_redis_answers(lambda: settle(reservation, prompt, completion, ended_at),
+                                          f"settle of {request_id}", on_failure=failed)
+        if taken and queued:
+            logger.info("settle of %s taken after Redis came back", request_id)
+        elif not taken:  # refused for another reason than an outage (the slot's TTL frees it), or given up
+            metrics.usage_write_failures_total.labels(what="settle").inc()
     finally:
         _unsettled.pop(reservation.id, None)
         if queued:

@@ -10,6 +10,7 @@ and a reservation settles once.
 """
 
 import asyncio
+import dataclasses
 import json
 import logging
 import os
@@ -31,18 +32,17 @@ def spool_dir() -> Path:
     return Path(settings.GATEWAY_SPOOL_DIR)
 
 
-async def drain_and_spool(wait_s: float | None = None) -> Path | None:
-    """Wait up to ``wait_s`` (SHUTDOWN_WAIT_S) for this event loop's rows and settles; keep the rest on disk.
-    The file, if any."""
+async def drain_and_spool() -> Path | None:
+    """Wait up to SHUTDOWN_WAIT_S for this event loop's rows and settles; keep the rest on disk. The file, if any."""
     writer = metering.loop_usage_writer()
-    deadline = time.monotonic() + (SHUTDOWN_WAIT_S if wait_s is None else wait_s)
+    deadline = time.monotonic() + SHUTDOWN_WAIT_S
     while (writer.pending or metering.unsettled()) and time.monotonic() < deadline:
         await asyncio.sleep(0.05)
     rows, settles = writer.unwritten(), metering.unsettled()
     if not rows and not settles:
         return None
     lines = [json.dumps({"usage_row": {**row, "created_at": row["created_at"].isoformat()}}) for row in rows]
-    lines += [json.dumps({"settle": {"reservation": _reservation_fields(reservation), "prompt_tokens": prompt,
+    lines += [json.dumps({"settle": {"reservation": dataclasses.asdict(reservation), "prompt_tokens": prompt,
                                      "completion_tokens": completion, "request_id": request_id,
                                      "ended_at": ended_at}})
               for reservation, prompt, completion, request_id, ended_at in settles]
@@ -83,10 +83,6 @@ async def replay() -> int:
         path.unlink(missing_ok=True)
         logger.warning("replayed %s: %d item(s), %d refused by the database", path, len(items), refused)
     return len(files)
-
-
-def _reservation_fields(reservation: Reservation) -> dict:
-    return {name: getattr(reservation, name) for name in Reservation.__slots__}
 
 
 async def lifespan(receive, send) -> None:

@@ -161,7 +161,8 @@ class QuotaLimiter:
                            month_gen=_text(result[7]))
 
     def _close_later(self, reservation: Reservation) -> None:
-        task = asyncio.ensure_future(_until_redis_answers(lambda: self.release(reservation), reservation.id))
+        task = asyncio.ensure_future(until_redis_answers(lambda: self.release(reservation),
+                                                         f"closing reservation {reservation.id}"))
         _background.add(task)
         task.add_done_callback(_background.discard)
 
@@ -225,25 +226,31 @@ def _text(value) -> str:
 
 
 _background: set[asyncio.Task] = set()  # strong references to closes still waiting for Redis
+# Backoff of calls retried until Redis answers; a reservation's record lives a day (record_ttl_ms): no use past it.
 _RETRY_FIRST_S, _RETRY_MAX_S, _GIVE_UP_S = 0.25, 10.0, 86_400.0
 
 
-async def _until_redis_answers(call: Callable[[], Awaitable], what: str) -> None:
-    """``await call()`` again and again, with backoff, while Redis does not answer (for a day at most)."""
+async def until_redis_answers(call: Callable[[], Awaitable], what: str,
+                              on_failure: Callable[[Exception], None] | None = None) -> bool:
+    """``await call()`` again and again, with backoff, while Redis does not answer (for a day at most); True once
+    it went through. ``on_failure`` hears each attempt Redis did not answer. Another error ends it (logged:
+    retrying cannot help)."""
     delay, give_up_at = _RETRY_FIRST_S, time.monotonic() + _GIVE_UP_S
     while True:
         try:
             await call()
-            return
-        except (RedisConnectionError, RedisTimeoutError):
+            return True
+        except (RedisConnectionError, RedisTimeoutError) as exc:
+            if on_failure is not None:
+                on_failure(exc)
             if time.monotonic() + delay > give_up_at:
-                logger.error("closing reservation %s abandoned: Redis has not answered for a day", what)
-                return
+                logger.error("%s abandoned: Redis has not answered for a day", what)
+                return False
             await asyncio.sleep(delay)
             delay = min(delay * 2, _RETRY_MAX_S)
         except Exception:
-            logger.exception("closing reservation %s failed", what)
-            return
+            logger.exception("%s failed", what)
+            return False
 
 
 async def _usage_table_month_tokens(tenant_id: int, month_start: datetime, next_month: datetime) -> int:

@@ -64,17 +64,26 @@ def _uploads_to_purge() -> QuerySet[AdapterUpload]:
 
 
 def _unload(version: AdapterVersion, *, require_unload: bool) -> None:
-    if not settings.ENGINE_URLS or version.status not in (Status.READY, Status.VALIDATING):
-        return  # nothing an engine could have loaded
-    failures = unload_everywhere(settings.ENGINE_URLS, settings.ENGINE_API_KEY, version.engine_id,
-                                 timeout=UNLOAD_TIMEOUT_S)
+    if version.status in (Status.READY, Status.VALIDATING):  # else nothing an engine could have loaded
+        _unload_engine_ids([version.engine_id], require_unload=require_unload)
+
+
+def _unload_engine_ids(engine_ids: list[str], *, require_unload: bool) -> None:
+    """Every engine unloads these adapter versions; TransientFailure, with ``require_unload``, when an engine could
+    not confirm it for a reason that may pass."""
+    if not settings.ENGINE_URLS:
+        return
+    failures = {}
+    for engine_id in engine_ids:
+        failures.update(unload_everywhere(settings.ENGINE_URLS, settings.ENGINE_API_KEY, engine_id,
+                                          timeout=UNLOAD_TIMEOUT_S))
     if not failures:
         return
     if require_unload and any(error.retryable for error in failures.values()):
-        raise TransientFailure(f"engines did not confirm the unload of {version.engine_id}: "
+        raise TransientFailure(f"engines did not confirm the unload of {', '.join(engine_ids)}: "
                                + "; ".join(str(e) for e in failures.values()))
     # Deleted versions never resolve, so no request can reach a copy an unreachable engine still holds.
-    logger.warning("purging %s although engines did not unload it: %s", version.engine_id, failures)
+    logger.warning("purging %s although engines did not unload them: %s", ", ".join(engine_ids), failures)
 
 
 def adapter_version_purge(*, version_id: int, require_unload: bool = True) -> bool:
@@ -129,14 +138,7 @@ def tenant_objects_purge(*, purge_id: int, require_unload: bool = True) -> int:
     record = TenantPurge.objects.filter(pk=purge_id, purged_at__isnull=True).first()
     if record is None:
         return 0
-    failures = {}
-    if settings.ENGINE_URLS:
-        for engine_id in record.engine_ids:
-            failures.update(unload_everywhere(settings.ENGINE_URLS, settings.ENGINE_API_KEY, engine_id,
-                                              timeout=UNLOAD_TIMEOUT_S))
-    if require_unload and any(error.retryable for error in failures.values()):
-        raise TransientFailure("engines did not confirm the unload of a deleted tenant's adapters: "
-                               + "; ".join(str(e) for e in failures.values()))
+    _unload_engine_ids(record.engine_ids, require_unload=require_unload)
     store = object_store()
     try:
         removed = store.delete_prefix(tenant_prefix(record.tenant_id))
