@@ -1,6 +1,6 @@
 """Multi-LoRA serving: throughput at saturation and latency under load, against the base model and PEFT.
 
-``python -m bench.multi_lora [--quick] [--model NAME_OR_PATH] [--threads N] [--adapter-counts 1,8,32,128]``
+``python -m bench.multi_lora [--quick] [--requests N] [--model NAME] [--threads N] [--adapter-counts 1,8,32,128]``
 
 Every adapter has rank 16 on all seven projections (``max_lora_rank=16``, ``max_loras=8``, a host tier holding
 them all). Measured in one run on the same machine:
@@ -11,7 +11,12 @@ them all). Measured in one run on the same machine:
   * latency under load: Poisson arrivals at 80% of the 32-adapter saturation rate, uniform and skewed, starting
     cold (no adapter loaded): TTFT and TPOT p50/p99, slot hit rate, adapter load time p50/p99 and the TTFT of the
     requests whose adapter was cold.
-Workload: prompts of 16-256 tokens (``--quick``: 16-128), 64 greedy output tokens (32), EOS ignored.
+Workload: 1,024 requests (``--quick``: 64; ``--requests N``), prompts of 16-256 tokens (16-128), 64 greedy output
+tokens (32), EOS ignored. Saturation means the queue never runs dry: with ``max_loras=8`` at most eight adapters'
+sequences share a step, so the engine can fill its ``max_num_seqs=256`` only when the resident adapters have 32
+requests each waiting, which 1,024 requests over 32 adapters give (256 requests give 8 each: the LoRA engine then
+runs at most 64 sequences against the base model's 256, a queue-depth limit rather than its speed; ``--requests 256``
+measures that case, and ``--quick`` is that kind of run too).
 Results go to ``bench/results/multi-lora-<time>.json`` and ``.png``; the last lines printed are the targets.
 """
 
@@ -50,7 +55,7 @@ class Settings:
 
 
 def settings(quick: bool) -> Settings:
-    return Settings(64, (16, 128), 32, 4, 48) if quick else Settings(256, (16, 256), 64, 8, 160)
+    return Settings(64, (16, 128), 32, 4, 48) if quick else Settings(1024, (16, 256), 64, 8, 160)
 
 
 def make_llm(model: str, *, lora: bool, num_adapters: int):
@@ -228,10 +233,16 @@ def main(argv=None) -> dict:
     parser.add_argument("--adapter-counts", default="1,8,32,128",
                         help="numbers of adapters of the saturation runs, comma-separated (32 is always run: the "
                              "targets are about it)")
+    parser.add_argument("--requests", type=int, default=None,
+                        help="requests of each saturation run (default 1024, --quick 64)")
     args = parser.parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
     s = settings(args.quick)
+    if args.requests is not None:
+        if args.requests < 1:
+            parser.error(f"--requests must be positive, got {args.requests}")
+        s.num_requests = args.requests
     try:
         counts = {int(c) for c in args.adapter_counts.split(",") if c.strip()}
     except ValueError:

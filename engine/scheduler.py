@@ -113,7 +113,9 @@ class Scheduler:
         for seq in self.adapters.order(self.waiting, self.num_steps):
             if budget <= 0 or len(self.running) >= self.max_num_seqs:
                 break
-            if not self.adapters.may_admit(seq, self.num_steps):
+            if not self.adapters.may_admit(seq, self.num_steps, self.max_num_seqs - len(self.running)):
+                if self.adapters.hold:
+                    break
                 continue
             num_new = self._admit(seq, budget)
             if num_new == 0:

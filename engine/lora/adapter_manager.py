@@ -33,7 +33,8 @@ class AdapterManager:
         self.slot_cache = AdapterSlotCache(fingerprint, self.loader, max_loras=config.max_loras,
                                            max_cpu_loras=config.max_cpu_loras, max_lora_rank=config.max_lora_rank,
                                            device=device, dtype=dtype)
-        self.admission = AdapterAdmission(self.slot_cache, max_wait_steps=config.max_adapter_wait_steps)
+        self.admission = AdapterAdmission(self.slot_cache, max_wait_steps=config.max_adapter_wait_steps,
+                                           max_num_seqs=config.max_num_seqs)
         self._waiters: dict[AdapterId, list[tuple[LoRARequest, Future]]] = {}
 
     # ---------------------------------------------------------------- requests

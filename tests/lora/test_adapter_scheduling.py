@@ -196,3 +196,57 @@ def test_loading_an_adapter_being_unloaded_keeps_it(model_dir, adapters):
     assert again.done() and again.result()["slot"] == 0  # answered at once: its slot still holds it
     drain(engine)
     assert [a["id"] for a in engine.list_adapters()] == ["id-b"] and not engine.has_pending_loads()
+
+
+def started_at(engine, names, steps: int, finals: dict, arrivals=None) -> dict[str, int]:
+    """Step ``steps`` times (adding ``arrivals[step]`` first, collecting final outputs into ``finals``); the step
+    at which each of ``names`` started running."""
+    started = {}
+    for step in range(steps):
+        for name, request_params, request in (arrivals or {}).get(step, []):
+            engine.add_request(name, PROMPT, request_params, lora_request=request)
+        finals.update({o.request_id: o for o in engine.step() if o.finished})
+        for name in names:
+            if name not in started and state(engine, name) in ("running", "done"):
+                started[name] = step
+    return started
+
+
+def test_an_adapter_takes_a_slot_as_a_group_when_the_batch_has_seats_for_it(model_dir, adapters, oracle):
+    # 4 seats, 2 slots: a slot's group asks for min(its waiting sequences, 4 // 2) seats.
+    engine = make_llm(model_dir, max_loras=2, max_num_seqs=4).llm_engine
+    a, b = lora_request("a", adapters["a"]), lora_request("b", adapters["b"])
+    for request in (a, b):
+        wait_loaded(engine, engine.load_adapter(request))
+    lengths = {"a1": 6, "b1": 3, "a2": 6, "b2": 3, "a3": 6}  # arrival order interleaves the adapters
+    for name, length in lengths.items():
+        engine.add_request(name, PROMPT, params(length), lora_request=a if name[0] == "a" else b)
+    finals = {o.request_id: o for o in engine.step() if o.finished}
+    # Arrival order would run a1 b1 a2 b2 and leave a3 alone in a's slot after the others; as groups, a's three
+    # run together, and b waits for two seats rather than taking its slot for one sequence.
+    assert [state(engine, n) for n in lengths] == ["running", "waiting", "running", "waiting", "running"]
+    starts = started_at(engine, ["b1", "b2"], 12, finals)
+    assert starts["b1"] == starts["b2"]
+    finals.update(drain(engine))
+    for name, length in lengths.items():
+        assert finals[name].outputs[0].token_ids == oracle.greedy(name[0], PROMPT, length)
+
+
+def test_an_overdue_group_short_of_seats_stops_younger_admissions_until_it_fits(model_dir, adapters, oracle):
+    engine = make_llm(model_dir, max_loras=2, max_num_seqs=4, max_adapter_wait_steps=2).llm_engine
+    a, b = lora_request("a", adapters["a"]), lora_request("b", adapters["b"])
+    for request in (a, b):
+        wait_loaded(engine, engine.load_adapter(request))
+    for i, length in enumerate((3, 4, 5, 6)):
+        engine.add_request(f"a{i}", PROMPT, params(length), lora_request=a)
+    # b's two arrive while a's fill every seat, and a new request of resident a arrives at every step: each takes
+    # the one seat a finishing sequence frees, unless b's overdue group holds the seats until two are free.
+    arrivals = {0: [("b1", params(3), b), ("b2", params(3), b)]}
+    for step in range(1, 30):
+        arrivals[step] = [(f"late{step}", params(8), a)]
+    finals = {}
+    starts = started_at(engine, ["b1", "b2"], 30, finals, arrivals)
+    assert set(starts) == {"b1", "b2"} and starts["b1"] == starts["b2"]
+    finals.update(drain(engine, 2000))
+    assert finals["b1"].outputs[0].token_ids == oracle.greedy("b", PROMPT, 3)
+    assert finals["late29"].outputs[0].token_ids == oracle.greedy("a", PROMPT, 8)
