@@ -92,15 +92,17 @@ def saturation(engine, s: Settings, vocab: int, loras: list, num_adapters: int, 
     used = sorted({r.adapter for r in requests if r.adapter is not None})
     if alpha is not None:
         warm(engine, [loras[i] for i in used])
-    before, steps_before = engine.stats()["adapters"], engine.stats()["steps"]
+    stats_before = engine.stats()
     seconds = run_all_at_once(engine, requests, loras, params)
-    after = engine.stats()["adapters"]
+    stats_after = engine.stats()
+    before, after = stats_before["adapters"], stats_after["adapters"]
     hits, misses = after["hits"] - before["hits"], after["misses"] - before["misses"]
     return {"adapters": num_adapters, "popularity": "base" if alpha is None else f"alpha={alpha}",
             "distinct_adapters_used": len(used), "seconds": seconds,
             "tok_s": s.num_requests * s.output_tokens / seconds, "req_s": s.num_requests / seconds,
             "slot_hit_rate": hits / (hits + misses) if hits + misses else None,
-            "evictions": after["evictions"] - before["evictions"], "steps": engine.stats()["steps"] - steps_before}
+            "evictions": after["evictions"] - before["evictions"],
+            "steps": stats_after["steps"] - stats_before["steps"]}
 
 
 def latency(model: str, s: Settings, vocab: int, folders: list[Path], alpha: float, rate: float, params) -> dict:
