@@ -2,7 +2,10 @@
 
 Prefix caching: a full block is identified by a chained hash of (parent block's hash, the sequence's adapter
 key, the block's token ids), so a hit on block ``i`` implies the whole prefix matches and two adapters never
-share KV. Freed blocks keep their hash until the pool reuses them; the free queue is the eviction order:
+share KV. The first block's parent is the sequence's cache salt: requests with different salts (tenants) share
+no block at all, so no one can learn from a cache hit what another sent.
+
+Freed blocks keep their hash until the pool reuses them; the free queue is the eviction order:
 allocation takes from its front, blocks that hold no cached prefix go back to the front (nothing lost by
 reusing them first) and cached blocks to the back (least recently freed are evicted first). A sequence's
 blocks are freed tail first, so a shared prompt's first blocks outlive its last ones.
@@ -20,7 +23,7 @@ class Block:
     block_id: int
     ref_count: int = 0
     hash: int | None = None  # set while the block is registered in the prefix cache
-    key: tuple | None = None  # (parent hash, adapter key, token ids): confirms a hash hit exactly
+    key: tuple | None = None  # (parent hash or salt, adapter key, token ids): confirms a hash hit exactly
 
 
 class BlockManager:
@@ -162,7 +165,7 @@ class BlockManager:
         seq.num_hashed_blocks = max(seq.num_hashed_blocks, num_full_blocks)
 
     def _key(self, seq: Sequence, i: int) -> tuple:
-        parent = seq.block_hashes[i - 1] if i else None
+        parent = seq.block_hashes[i - 1] if i else ("salt", seq.cache_salt)
         return parent, seq.cache_key, tuple(seq.token_ids[i * self.block_size : (i + 1) * self.block_size])
 
     def _hashes(self, seq: Sequence, num_blocks: int) -> list[int]:

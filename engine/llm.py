@@ -39,7 +39,8 @@ class LLM:
         use_tqdm: bool = True,
         lora_request=None,
     ) -> list[RequestOutput]:
-        """Complete every prompt (a string, a list of token ids, or ``{"prompt_token_ids": [...]}``)."""
+        """Complete every prompt (a string, a list of token ids, or a dict of ``prompt`` and/or
+        ``prompt_token_ids``, and optionally ``cache_salt``, as vLLM's prompt dicts)."""
         prompts = _as_prompt_list(prompts)
         return self._run(prompts, sampling_params, lora_request, use_tqdm)
 
@@ -77,8 +78,10 @@ class LLM:
             for i, (prompt, p, lora) in enumerate(zip(prompts, params, loras, strict=True)):
                 request_id = str(next(self._request_ids))
                 if isinstance(prompt, dict):
+                    _check_prompt_keys(prompt)
                     engine.add_request(request_id, prompt.get("prompt"), p,
-                                       prompt_token_ids=prompt.get("prompt_token_ids"), lora_request=lora)
+                                       prompt_token_ids=prompt.get("prompt_token_ids"), lora_request=lora,
+                                       cache_salt=prompt.get("cache_salt"))
                 else:
                     engine.add_request(request_id, prompt, p, lora_request=lora)
                 order[request_id] = i
@@ -128,6 +131,15 @@ def _as_prompt(prompt):
     if isinstance(prompt, str | dict) or (isinstance(prompt, list | tuple) and all(type(t) is int for t in prompt)):
         return list(prompt) if isinstance(prompt, tuple) else prompt
     raise ValueError(f"each prompt must be a string, a list of token ids or a dict, got {type(prompt).__name__}")
+
+
+_PROMPT_KEYS = {"prompt", "prompt_token_ids", "cache_salt"}
+
+
+def _check_prompt_keys(prompt: dict) -> None:
+    unknown = set(prompt) - _PROMPT_KEYS
+    if unknown:
+        raise ValueError(f"unknown prompt key {sorted(map(str, unknown))[0]!r} (known: {sorted(_PROMPT_KEYS)})")
 
 
 def _broadcast(name: str, value, count: int, kind: type) -> list:

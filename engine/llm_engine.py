@@ -13,6 +13,7 @@ import gc
 import itertools
 import json
 import logging
+import reprlib
 import time
 from collections import defaultdict
 from collections.abc import Iterable
@@ -143,16 +144,19 @@ class LLMEngine:
         *,
         prompt_token_ids: list[int] | None = None,
         lora_request=None,
+        cache_salt: str | None = None,
     ) -> None:
-        """Queue a request; its ``params.n`` completions are scheduled as separate sequences."""
+        """Queue a request; its ``params.n`` completions are scheduled as separate sequences. ``cache_salt``:
+        prefix-cache blocks are shared only with requests of the same salt (None: with every unsalted one)."""
         if request_id in self.requests:
             raise ValueError(f"request id {request_id!r} is already in use")
         params = params or SamplingParams()
         text, token_ids = self._tokenize(prompt, prompt_token_ids)
         self._validate(token_ids, params, lora_request)
+        _check_cache_salt(cache_salt)
         seqs = [
             Sequence(next(self._seq_ids), request_id, token_ids, params, index=i, arrival_index=next(self._arrivals),
-                     lora_request=lora_request, device=self.model_runner.device)
+                     lora_request=lora_request, cache_salt=cache_salt, device=self.model_runner.device)
             for i in range(params.n)
         ]
         for seq in seqs:
@@ -183,8 +187,9 @@ class LLMEngine:
         if not all(type(t) is int and 0 <= t < vocab for t in token_ids):
             raise ValueError(f"prompt token ids must be ints in [0, {vocab})")
         if any(t >= vocab for t in params.stop_token_ids):  # the sampler masks these logits by index
-            raise SamplingParamError("stop_token_ids", f"stop_token_ids must be token ids below {vocab}, got "
-                                                       f"{[t for t in params.stop_token_ids if t >= vocab]}")
+            too_big = [t for t in params.stop_token_ids if t >= vocab]
+            raise SamplingParamError("stop_token_ids", f"stop_token_ids must be token ids below {vocab}, "
+                                                       f"got {reprlib.repr(too_big)}")
         if len(token_ids) >= self.max_model_len:
             raise ValueError(
                 f"prompt has {len(token_ids)} tokens but max_model_len is {self.max_model_len} "
@@ -370,12 +375,21 @@ class LLMEngine:
                          "finished": self.counters["finished"], "aborted": self.counters["aborted"]},
             "kv_blocks": {"total": bm.num_blocks, "used": bm.num_used_blocks, "cached": bm.num_cached_blocks},
             "prefix_cache_hit_rate": bm.hit_rate,
+            "prefix_cache": {"queried_tokens": bm.num_queried_tokens, "hit_tokens": bm.num_hit_tokens},
             "tokens": {"prompt": self.counters["prompt_tokens"], "generated": self.counters["generated_tokens"],
                        "computed": self.counters["computed_tokens"]},
             "steps": self.counters["steps"],
             "preemptions": self.scheduler.num_preemptions,
             **(self.adapters.stats() if self.adapters is not None else _NO_ADAPTERS),
         }
+
+
+MAX_CACHE_SALT_LEN = 256
+
+
+def _check_cache_salt(salt) -> None:
+    if salt is not None and (not isinstance(salt, str) or not 0 < len(salt) <= MAX_CACHE_SALT_LEN):
+        raise ValueError(f"cache_salt must be a non-empty string of at most {MAX_CACHE_SALT_LEN} characters")
 
 
 def _same_source(request: LoRARequest, loaded: LoRARequest | None) -> bool:

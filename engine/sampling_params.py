@@ -1,6 +1,7 @@
 """``SamplingParams``: how to pick each next token and when to stop (the fields vLLM users know)."""
 
 import math
+import reprlib
 from dataclasses import dataclass
 
 
@@ -86,12 +87,12 @@ class SamplingParams:
 
 def _check_int(name: str, value, *, minimum: int) -> None:
     if type(value) is not int or value < minimum:
-        raise SamplingParamError(name, f"{name} must be an int >= {minimum}, got {value!r}")
+        raise SamplingParamError(name, f"{name} must be an int >= {minimum}, got {reprlib.repr(value)}")
 
 
 def _check_float(name: str, value, low: float | None, high: float | None) -> None:
     if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
-        raise SamplingParamError(name, f"{name} must be a finite number, got {value!r}")
+        raise SamplingParamError(name, f"{name} must be a finite number, got {reprlib.repr(value)}")
     if (low is not None and value < low) or (high is not None and value > high):
         bounds = f"[{low}, {high}]" if high is not None else f">= {low}"
         raise SamplingParamError(name, f"{name} must be in {bounds}, got {value}")
@@ -102,7 +103,8 @@ def _stop_strings(stop) -> list[str]:
         return []
     values = [stop] if isinstance(stop, str) else stop
     if not isinstance(values, list | tuple) or not all(isinstance(s, str) and s for s in values):
-        raise SamplingParamError("stop", f"stop must be a non-empty string or a list of them, got {stop!r}")
+        raise SamplingParamError("stop", f"stop must be a non-empty string or a list of them, "
+                                         f"got {reprlib.repr(stop)}")
     return list(values)
 
 
@@ -110,5 +112,6 @@ def _stop_token_ids(ids) -> list[int]:
     if ids is None:
         return []
     if not isinstance(ids, list | tuple) or not all(type(i) is int and i >= 0 for i in ids):
-        raise SamplingParamError("stop_token_ids", f"stop_token_ids must be a list of non-negative ints, got {ids!r}")
+        raise SamplingParamError("stop_token_ids", f"stop_token_ids must be a list of non-negative ints, "
+                                                   f"got {reprlib.repr(ids)}")
     return list(ids)

@@ -1,5 +1,8 @@
 """``Sequence``: the passive record of one generation (one of a request's ``n`` completions).
 
+``cache_salt`` (set once, from the request) scopes the prefix cache: blocks are shared only between sequences
+with the same salt (the gateway sends one per tenant), so one tenant cannot time another's prompts.
+
 Who writes what: the scheduler writes ``status``, ``num_computed_tokens``, ``lora_slot``, ``cache_key`` (the adapter's
 content hash once it is loaded) and ``arrival_step``, and appends sampled tokens; the
 block manager writes ``block_table``, ``block_hashes`` and ``num_hashed_blocks``; the engine's output processor
@@ -40,7 +43,7 @@ def adapter_content_key(sha256: str) -> Hashable:
 class Sequence:
     __slots__ = (
         "seq_id", "request_id", "index", "arrival_index", "arrival_step", "params", "lora_request", "lora_slot",
-        "cache_key", "generator",
+        "cache_key", "cache_salt", "generator",
         "token_ids", "num_prompt_tokens", "num_computed_tokens", "num_cached_tokens", "status",
         "block_table", "block_hashes", "num_hashed_blocks",
         "detokenizer", "logprobs", "cumulative_logprob", "finish_reason", "stop_reason", "num_preemptions",
@@ -56,6 +59,7 @@ class Sequence:
         index: int = 0,
         arrival_index: int = 0,
         lora_request=None,
+        cache_salt: str | None = None,
         device: torch.device | str = "cpu",
     ):
         self.seq_id = seq_id
@@ -67,6 +71,7 @@ class Sequence:
         self.lora_request = lora_request
         self.lora_slot = -1  # the adapter slot it pins while running; -1: none (base model, or not running)
         self.cache_key = adapter_cache_key(lora_request)
+        self.cache_salt = cache_salt  # mixed into the first block's hash: no sharing across salts
         self.generator = _generator(params.seed, index, device) if params.seed is not None else None
         self.token_ids = list(prompt_token_ids)
         self.num_prompt_tokens = len(prompt_token_ids)
@@ -74,7 +79,7 @@ class Sequence:
         self.num_cached_tokens = 0  # prompt tokens found in the prefix cache at (the last) admission
         self.status = SequenceStatus.WAITING
         self.block_table: list[int] = []
-        self.block_hashes: list[int] = []  # chained hashes of full blocks, a pure function of tokens + cache_key
+        self.block_hashes: list[int] = []  # chained hashes of full blocks: tokens, cache_key, cache_salt
         self.num_hashed_blocks = 0  # blocks of block_table already offered to the prefix cache
         self.detokenizer = None
         self.logprobs: list[dict[int, float]] | None = [] if params.logprobs is not None else None

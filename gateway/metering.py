@@ -33,7 +33,7 @@ from gateway import metrics
 from gateway.callers import Caller
 from gateway.db import on_db_thread
 from gateway.targets import Target
-from tenants.limiter import Reservation, settle, until_redis_answers
+from tenants.limiter import Reservation, hold, settle, until_redis_answers
 from tenants.models import UsageStatus
 from tenants.services import usage_record_create_async, usage_records_create_async
 
@@ -76,6 +76,8 @@ class Meter:
         self.completion_tokens = 0
         self._task: asyncio.Task | None = None
         self._settle_waited = False
+        # The concurrency slot outlives its TTL while the request runs (a stream of any length keeps counting).
+        self._holding = asyncio.ensure_future(hold(reservation))
         loop = asyncio.get_running_loop()
         self._settled = loop.create_future()  # done after the first settle attempt (taken, or queued again)
         self._written = loop.create_future()  # done once the usage row is written (or refused for good)
@@ -106,6 +108,7 @@ class Meter:
 
     def _start(self, status: str) -> None:
         if self._task is None:
+            self._holding.cancel()
             self._task = spawn(self._record(status, time.monotonic()))
 
     async def _record(self, status: str, ended_at: float) -> None:

@@ -33,10 +33,20 @@ STREAM_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 STREAM_START_DEADLINE_S = 30.0  # a stream nobody starts reading by then is ended (see Relay.watch_start)
 
 
+def _tenant_tag(purpose: str, tenant_id: int) -> str:
+    """An opaque, stable per-tenant value: it cannot be traced back to the tenant without the secret key."""
+    return hmac.new(settings.SECRET_KEY.encode(), f"{purpose}:{tenant_id}".encode(), hashlib.sha256).hexdigest()[:32]
+
+
 def fairness_key(tenant_id: int) -> str:
-    """An opaque, stable per-tenant key for the engine's fair scheduling: it cannot be traced back to the tenant
-    without the secret key."""
-    return hmac.new(settings.SECRET_KEY.encode(), f"fairness:{tenant_id}".encode(), hashlib.sha256).hexdigest()[:24]
+    """The tenant's key for the engine's fair scheduling."""
+    return _tenant_tag("fairness", tenant_id)
+
+
+def cache_salt(tenant_id: int) -> str:
+    """The tenant's salt of the engine's prefix cache: its requests (API keys and playground alike) share cached KV
+    with each other and never with another tenant's, so no tenant can time another's prompts."""
+    return _tenant_tag("cache-salt", tenant_id)
 
 
 def completion_budget(quota: EffectiveQuota, parsed: InferenceRequest, prompt_counts: list[int],
@@ -103,7 +113,7 @@ async def run_generation(caller: Caller, kind: str, raw_body: bytes,
     meter = await _admit(caller, parsed, target, sum(counts), budget, request_id, started)
     body = parsed.engine_body(engine_model=target.engine_model, max_tokens=budget,
                               adapter=target.adapter.source() if target.adapter else None,
-                              fairness_key=fairness_key(caller.tenant.id))
+                              fairness_key=fairness_key(caller.tenant.id), cache_salt=cache_salt(caller.tenant.id))
     try:
         replica, response = await open_stream(upstream, candidates, ENGINE_PATHS[kind], body, parsed.model,
                                               request_id)

@@ -17,7 +17,7 @@ from django.conf import settings
 from adapters.engine_client import EngineError, engine_headers
 from gateway import metrics
 from gateway.engine_transport import EngineTransport
-from gateway.errors import GatewayError, bad_request, model_not_found
+from gateway.errors import GatewayError, bad_request, excerpt, model_not_found
 from gateway.replicas import Replica, ReplicaPool
 
 logger = logging.getLogger("gateway.upstream")
@@ -91,15 +91,18 @@ async def on_first_available(candidates: list[Replica], attempt):
                        code="engine_unavailable", headers={"Retry-After": str(retry_after)})
 
 
+_MAX_RELAYED_CHARS = 512  # of an engine's refusal, relayed to the client (the engine quotes excerpts already)
+
+
 def engine_error(exc: EngineError, model: str) -> GatewayError:
     """An engine's refusal of a request as the client's error."""
+    message = excerpt(exc.message.split(": ", 1)[-1], _MAX_RELAYED_CHARS)
     if exc.status == 400:
-        return bad_request(exc.message.split(": ", 1)[-1], code=exc.code, param=exc.param)
+        return bad_request(message, code=exc.code, param=exc.param)
     if exc.status == 404:
         return model_not_found(model)
     if exc.status == 413:
-        return bad_request(exc.message.split(": ", 1)[-1], code="context_length_exceeded",
-                           param=exc.param or "max_tokens")
+        return bad_request(message, code="context_length_exceeded", param=exc.param or "max_tokens")
     metrics.engine_errors_total.labels(kind=f"http_{exc.status}").inc()
     logger.error("engine refused a request: %s", exc)
     code = "model_unavailable" if exc.status == 422 else "engine_error"

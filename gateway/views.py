@@ -9,6 +9,7 @@ import time
 
 from django.core.exceptions import RequestDataTooBig
 from django.http import HttpResponse, JsonResponse
+from django.views.csrf import csrf_failure as django_csrf_failure
 from django.views.decorators.csrf import csrf_exempt
 
 from gateway import metrics
@@ -143,6 +144,15 @@ async def playground_completions(request, state, slug: str):
 async def playground_models(request, state, slug: str):
     state["caller"] = await caller_from_session(request, slug)
     return JsonResponse({"object": "list", "data": await model_list(state["caller"])})
+
+
+def csrf_failure(request, reason: str = "") -> HttpResponse:
+    """A forged or token-less POST: under /v1/ (the playground) the API's JSON error, elsewhere Django's page."""
+    if request.path.startswith("/v1/"):
+        return GatewayError(403, f"CSRF verification failed ({reason}). The playground is called from the console "
+                                 "with its X-CSRFToken header; API calls use an API key.",
+                            code="csrf_failed").response()
+    return django_csrf_failure(request, reason)
 
 
 async def not_found(request, path: str) -> HttpResponse:

@@ -5,7 +5,8 @@ one limit would still use up the others; here all four are checked and taken tog
 
 - Requests and tokens per minute: an exact sliding log over the last `window_ms` (Redis server time, so
   processes and hosts agree). Each admitted request is one entry carrying its token cost.
-- Concurrency: one slot per open reservation, expiring after `slot_ttl_ms` so a dead request cannot leak it.
+- Concurrency: one slot per open reservation, expiring after `slot_ttl_ms` so a dead request cannot leak it; a
+  request that runs longer keeps its slot with `hold` (renewed every third of the TTL until it is settled).
 - Monthly tokens (UTC calendar month): a counter of settled tokens plus open reservations. When Redis has lost
   it, it is rebuilt from the usage table (`month_usage`) by exactly one process.
 
@@ -106,6 +107,7 @@ class QuotaLimiter:
         self._settle = redis.register_script((_LUA / "settle.lua").read_text())
         self._rebuild = redis.register_script((_LUA / "rebuild_month.lua").read_text())
         self._peek = redis.register_script((_LUA / "peek.lua").read_text())
+        self._renew = redis.register_script((_LUA / "renew.lua").read_text())
 
     @staticmethod
     def keys(tenant_id: int, month: str, reservation_id: str = "") -> dict[str, str]:
@@ -184,6 +186,23 @@ class QuotaLimiter:
         ended_ms = int((self.clock() if ended_at is None else ended_at) * 1000)
         return bool(await self._settle(keys=names, args=[reservation.id, actual_tokens, reservation.month_gen,
                                                          ended_ms, self.tombstone_ttl_ms]))
+
+    async def renew(self, reservation: Reservation) -> bool:
+        """Push the reservation's slot expiry to a full TTL from now; False once the slot is no longer held."""
+        slots = self.keys(reservation.tenant_id, reservation.month)["slots"]
+        return bool(await self._renew(keys=[slots], args=[reservation.id, self.slot_ttl_ms]))
+
+    async def hold(self, reservation: Reservation) -> None:
+        """Keep the reservation's slot while its request runs, however long: renewed every third of the TTL until
+        the slot is gone (settled, released) or this is cancelled. A renewal Redis does not answer is tried
+        again at the next beat (two more before the slot could lapse)."""
+        while True:
+            await asyncio.sleep(self.slot_ttl_ms / 3000)
+            try:
+                if not await self.renew(reservation):
+                    return
+            except (RedisConnectionError, RedisTimeoutError) as exc:
+                logger.warning("slot of reservation %s not renewed: %r", reservation.id, exc)
 
     async def peek(self, tenant: TenantInfo) -> dict[str, str]:
         """The x-ratelimit-* header values as they stand, reserving nothing (for answers refused before
@@ -304,3 +323,8 @@ async def settle(reservation: Reservation, prompt_tokens: int, completion_tokens
 
 async def release(reservation: Reservation) -> bool:
     return await default_limiter().release(reservation)
+
+
+async def hold(reservation: Reservation) -> None:
+    """Keep the reservation's concurrency slot until it is settled or this is cancelled."""
+    await default_limiter().hold(reservation)

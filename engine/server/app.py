@@ -185,7 +185,7 @@ async def _generate(request: Request, parsed: GenerationRequest) -> Response:
     run = RequestState(parsed, request_id, int(time.time()), prompt_tokens=sum(len(p) for p in prompt_ids))
     if parsed.kind == "chat":
         parsed.prompts = [prompt_ids[0]]
-    outputs = _merged_outputs(state, request_id, prompt_ids, params, lora_request)
+    outputs = _merged_outputs(state, request_id, prompt_ids, params, lora_request, parsed.cache_salt)
     if parsed.stream:
         first = await _first_or_error(outputs)
         events = stream_events(run, _prepend(first, outputs), state.model.tokenizer,
@@ -204,7 +204,8 @@ async def _generate(request: Request, parsed: GenerationRequest) -> Response:
     return JSONResponse(full_response(run, finals, state.model.tokenizer))
 
 
-async def _merged_outputs(state: ServerState, request_id: str, prompt_ids: list[list[int]], params, lora_request):
+async def _merged_outputs(state: ServerState, request_id: str, prompt_ids: list[list[int]], params, lora_request,
+                          cache_salt: str | None):
     """One engine request per prompt (``id``, ``id<US>1``, ...), their outputs merged as (prompt index, completion).
     The separator is the non-printable unit separator, which no request id taken from a client holds, so another
     request's ``X-Request-Id`` can never name one of these."""
@@ -214,7 +215,7 @@ async def _merged_outputs(state: ServerState, request_id: str, prompt_ids: list[
     async def pump(index: int, sub_id: str) -> None:
         try:
             async for output in state.engine.generate(sub_id, None, params[index], prompt_token_ids=prompt_ids[index],
-                                                      lora_request=lora_request):
+                                                      lora_request=lora_request, cache_salt=cache_salt):
                 if output.error is not None:  # before any completion: a stream not yet started gets the status
                     await queue.put(output.error)
                     break

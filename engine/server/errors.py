@@ -41,3 +41,10 @@ class APIError(Exception):
 
 def bad_request(message: str, *, param: str | None = None, code: str = "invalid_request") -> APIError:
     return APIError(400, message, code=code, param=param)
+
+
+def excerpt(value, limit: int = 64) -> str:
+    """A client's value as an error quotes it: at most ``limit`` characters of it, so an answer never echoes a
+    megabyte back."""
+    text = value if isinstance(value, str) else repr(value)
+    return text if len(text) <= limit else f"{text[:limit]}... ({len(text)} characters)"

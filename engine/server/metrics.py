@@ -15,6 +15,10 @@ class EngineMetrics:
         self.kv_blocks_total = Gauge("engine_kv_blocks_total", "KV cache blocks in the pool", registry=r)
         self.prefix_hit_rate = Gauge("engine_prefix_cache_hit_rate", "Share of prompt tokens from the prefix cache",
                                      registry=r)
+        self.prefix_queried_tokens = Gauge("engine_prefix_cache_queried_tokens",
+                                           "Prompt tokens looked up in the prefix cache since start", registry=r)
+        self.prefix_hit_tokens = Gauge("engine_prefix_cache_hit_tokens",
+                                       "Prompt tokens found in the prefix cache since start", registry=r)
         self.requests_total = Counter("engine_requests", "Requests by outcome", ["outcome"], registry=r)
         self.prompt_tokens = Counter("engine_prompt_tokens", "Prompt tokens processed", registry=r)
         self.generated_tokens = Counter("engine_generated_tokens", "Tokens generated", registry=r)
@@ -52,6 +56,8 @@ class EngineMetrics:
         self.kv_blocks_used.set(blocks["used"])
         self.kv_blocks_total.set(blocks["total"])
         self.prefix_hit_rate.set(stats["prefix_cache_hit_rate"])
+        self.prefix_queried_tokens.set(stats["prefix_cache"]["queried_tokens"])
+        self.prefix_hit_tokens.set(stats["prefix_cache"]["hit_tokens"])
         self.adapter_hits.set(adapters["hits"])
         self.adapter_misses.set(adapters["misses"])
         self.adapter_evictions.set(adapters["evictions"])

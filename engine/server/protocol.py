@@ -8,7 +8,7 @@ logit_bias, ...) are refused by name, never silently ignored; fields that change
 from dataclasses import dataclass, field
 from typing import Any
 
-from engine.server.errors import bad_request
+from engine.server.errors import bad_request, excerpt
 
 # Fields both endpoints accept, with the type check each value must pass.
 _COMMON = {
@@ -20,7 +20,7 @@ _COMMON = {
     # extensions (ENGINE_PROTOCOL.md)
     "ignore_eos": bool, "min_tokens": int, "top_k": int, "min_p": (int, float),
     "repetition_penalty": (int, float), "stop_token_ids": (list, type(None)), "adapter": (dict, type(None)),
-    "fairness_key": (str, type(None)),
+    "fairness_key": (str, type(None)), "cache_salt": (str, type(None)),
 }
 _COMPLETION = {**_COMMON, "prompt": (str, list), "logprobs": (int, type(None)), "echo": (bool, type(None)),
                "best_of": (int, type(None)), "suffix": (str, type(None))}
@@ -30,6 +30,8 @@ _CHAT = {**_COMMON, "messages": list, "logprobs": (bool, type(None)), "top_logpr
 _UNSUPPORTED = {"tools", "tool_choice", "functions", "function_call", "logit_bias", "audio", "modalities",
                 "prediction", "web_search_options", "reasoning_effort", "service_tier"}
 MAX_LOGPROBS = 20
+MAX_STOP_TOKEN_IDS = 256
+MAX_CACHE_SALT_CHARS = 256
 
 
 @dataclass(slots=True)
@@ -54,6 +56,7 @@ class GenerationRequest:
     adapter: AdapterSource | None
     logprobs: int | None
     raw: dict = field(repr=False, default_factory=dict)
+    cache_salt: str | None = None  # the prefix cache is shared only between requests with the same salt
 
 
 def _check_fields(body: dict, spec: dict) -> None:
@@ -61,7 +64,7 @@ def _check_fields(body: dict, spec: dict) -> None:
         if name in _UNSUPPORTED:
             raise bad_request(f"'{name}' is not supported by this server", param=name, code="unsupported_field")
         if name not in spec:
-            raise bad_request(f"unknown field '{name}'", param=name, code="unknown_field")
+            raise bad_request(f"unknown field '{excerpt(name)}'", param=excerpt(name), code="unknown_field")
         expected = spec[name]
         if isinstance(value, bool) and expected in (int, float) or (
             isinstance(value, bool) and isinstance(expected, tuple) and bool not in expected
@@ -98,7 +101,7 @@ def parse_adapter(value: dict | None) -> AdapterSource | None:
         raise bad_request("'adapter' must be an object with 'id', 'uri' and 'sha256'", param="adapter")
     unknown = set(value) - {"id", "uri", "sha256"}
     if unknown:
-        raise bad_request(f"unknown field 'adapter.{sorted(unknown)[0]}'", param="adapter")
+        raise bad_request(f"unknown field 'adapter.{excerpt(sorted(unknown)[0])}'", param="adapter")
     if not isinstance(value.get("id"), str) or not value["id"]:
         raise bad_request("'adapter.id' must be a non-empty string", param="adapter.id")
     for key in ("uri", "sha256"):
@@ -113,8 +116,10 @@ def _sampling(body: dict, max_tokens: int | None, logprobs: int | None) -> dict[
                  "min_tokens", "top_k", "min_p", "repetition_penalty", "stop_token_ids"):
         if body.get(name) is not None:
             params[name] = body[name]
-    if "stop_token_ids" in params and not all(isinstance(t, int) for t in params["stop_token_ids"]):
-        raise bad_request("'stop_token_ids' must be a list of integers", param="stop_token_ids")
+    if "stop_token_ids" in params and (len(params["stop_token_ids"]) > MAX_STOP_TOKEN_IDS or not all(
+            isinstance(t, int) and not isinstance(t, bool) for t in params["stop_token_ids"])):
+        raise bad_request(f"'stop_token_ids' must be a list of at most {MAX_STOP_TOKEN_IDS} integers",
+                          param="stop_token_ids")
     if params.get("n", 1) > 16:
         raise bad_request("'n' must be at most 16", param="n")
     return {k: v for k, v in params.items() if v is not None}
@@ -126,11 +131,18 @@ def _stream_options(body: dict) -> tuple[bool, bool]:
         raise bad_request("'stream_options' is only allowed when 'stream' is true", param="stream_options")
     unknown = set(options) - {"include_usage", "continuous_usage_stats"}
     if unknown:
-        raise bad_request(f"unknown field 'stream_options.{sorted(unknown)[0]}'", param="stream_options")
+        raise bad_request(f"unknown field 'stream_options.{excerpt(sorted(unknown)[0])}'", param="stream_options")
     for name, value in options.items():
         if not isinstance(value, bool):
             raise bad_request(f"'stream_options.{name}' must be a boolean", param=f"stream_options.{name}")
     return options.get("include_usage", False), options.get("continuous_usage_stats", False)
+
+
+def _cache_salt(body: dict) -> str | None:
+    salt = body.get("cache_salt")
+    if salt is not None and not 0 < len(salt) <= MAX_CACHE_SALT_CHARS:
+        raise bad_request(f"'cache_salt' must be 1 to {MAX_CACHE_SALT_CHARS} characters", param="cache_salt")
+    return None if salt is None else _text(salt, "cache_salt")
 
 
 def _prompts(value) -> list[str | list[int]]:
@@ -165,7 +177,7 @@ def parse_completion(body: dict) -> GenerationRequest:
     return GenerationRequest(
         "completion", body["model"], _prompts(body["prompt"]), None,
         _sampling(body, body.get("max_tokens", 16), logprobs), bool(body.get("stream")), include_usage, continuous,
-        parse_adapter(body.get("adapter")), logprobs, body,
+        parse_adapter(body.get("adapter")), logprobs, body, _cache_salt(body),
     )
 
 
@@ -208,4 +220,5 @@ def parse_chat(body: dict) -> GenerationRequest:
     return GenerationRequest(
         "chat", body["model"], [], _messages(body["messages"]), _sampling(body, max_tokens, logprobs),
         bool(body.get("stream")), include_usage, continuous, parse_adapter(body.get("adapter")), logprobs, body,
+        _cache_salt(body),
     )

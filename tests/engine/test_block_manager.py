@@ -197,3 +197,18 @@ def test_double_free_is_refused():
     seq.block_table = table
     with pytest.raises(AssertionError, match="freed twice"):
         bm.free(seq)
+
+
+def test_a_cache_salt_scopes_prefix_hits_to_requests_with_the_same_salt():
+    bm = BlockManager(16, BLOCK)
+    tokens = list(range(13))
+    acme = Sequence(0, "a", tokens, SamplingParams(), cache_salt="acme")
+    assert admit(bm, acme) == []
+    assert [bm.blocks[i].key[0] for i in acme.block_table[:1]] == [("salt", "acme")]
+    for seq_id, salt in enumerate(["globex", None], start=1):  # another tenant, and an unsalted request
+        other = Sequence(seq_id, f"r{seq_id}", tokens, SamplingParams(), cache_salt=salt)
+        assert admit(bm, other) == [], salt
+        assert set(other.block_table).isdisjoint(acme.block_table)
+    again = Sequence(3, "a2", tokens, SamplingParams(), cache_salt="acme")
+    assert admit(bm, again) == acme.block_table[:3]  # the same tenant's repeat: the whole cached prefix
+    assert bm.num_hit_tokens == 3 * BLOCK and bm.num_queried_tokens == 4 * len(tokens)

@@ -246,3 +246,33 @@ def test_refusals_leave_the_engine_usable(tiny_llama):
         llm.generate(PROMPTS[:3], [GREEDY, GREEDY], use_tqdm=False)
     engine.abort_request("x")
     assert llm.generate(PROMPTS[:1], GREEDY, use_tqdm=False)[0].outputs[0].finish_reason == "length"
+
+
+def test_prefix_cache_hits_only_between_prompts_of_the_same_cache_salt(tiny_llama):
+    llm = make_llm(tiny_llama)
+    prompt = prompts_of_lengths([80], offset=5)[0]
+    params = SamplingParams(temperature=0, max_tokens=4, ignore_eos=True)
+
+    def run(salt):
+        before = llm.llm_engine.stats()["prefix_cache"]["hit_tokens"]
+        entry = {"prompt_token_ids": prompt} if salt is None else {"prompt_token_ids": prompt, "cache_salt": salt}
+        output = llm.generate(entry, params, use_tqdm=False)[0]
+        assert llm.llm_engine.stats()["prefix_cache"]["hit_tokens"] - before == output.num_cached_tokens
+        return output
+
+    first = run("tenant-a")
+    assert [run("tenant-b").num_cached_tokens, run(None).num_cached_tokens] == [0, 0]
+    repeat = run("tenant-a")
+    assert repeat.num_cached_tokens == 76  # every full block (19 of 4 tokens; one token is always computed)
+    assert repeat.outputs[0].token_ids == first.outputs[0].token_ids
+    assert run(None).num_cached_tokens == 76  # unsalted requests share among themselves, as before
+
+
+def test_bad_cache_salts_and_prompt_keys_are_refused(tiny_llama):
+    llm = make_llm(tiny_llama)
+    for salt in ["", "x" * 257, 7]:
+        with pytest.raises(ValueError, match="cache_salt"):
+            llm.generate({"prompt_token_ids": [1, 2], "cache_salt": salt}, use_tqdm=False)
+    with pytest.raises(ValueError, match="unknown prompt key 'cache_sal'"):
+        llm.generate({"prompt_token_ids": [1, 2], "cache_sal": "x"}, use_tqdm=False)
+    assert not llm.llm_engine.has_unfinished_requests()

@@ -290,3 +290,36 @@ def test_a_client_request_id_never_collides_with_another_requests_prompts(engine
     first, second = asyncio.run(run())
     assert (first.status_code, second.status_code) == (200, 200), (first.text, second.text)
     assert len(first.json()["choices"]) == 2 and second.json()["id"] == "x-1"
+
+
+def test_cache_salt_scopes_prefix_cache_hits(engine_server):
+    prompt = [(11 * i) % 200 + 5 for i in range(100)]  # token ids: the same prompt for every request
+
+    def hit_tokens_of(http, **salt) -> int:
+        before = http.get("/stats").json()["prefix_cache"]["hit_tokens"]
+        response = http.post("/v1/completions", json={"model": "tiny", "prompt": prompt, "max_tokens": 1, **salt})
+        assert response.status_code == 200, response.text
+        return http.get("/stats").json()["prefix_cache"]["hit_tokens"] - before
+
+    with engine_server.client() as http:
+        assert hit_tokens_of(http, cache_salt="salt-a") == 0
+        assert hit_tokens_of(http, cache_salt="salt-b") == 0
+        assert hit_tokens_of(http, cache_salt="salt-a") == 96  # 6 full blocks of 16; one token is left to compute
+        refused = [http.post("/v1/completions", json={"model": "tiny", "prompt": "x", "cache_salt": salt})
+                   for salt in ["", "s" * 257, 5]]
+    assert [r.status_code for r in refused] == [400, 400, 400]
+    assert {r.json()["error"]["param"] for r in refused} == {"cache_salt"}
+
+
+def test_errors_quote_at_most_an_excerpt_of_the_client_input(engine_server):
+    long_name = "f" * 100_000
+    with engine_server.client() as http:
+        unknown = http.post("/v1/completions", json={"model": "tiny", "prompt": "x", long_name: 1})
+        stops = http.post("/v1/completions", json={"model": "tiny", "prompt": "x",
+                                                  "stop_token_ids": list(range(10**6, 10**6 + 100_000))})
+        past_vocab = http.post("/v1/completions", json={"model": "tiny", "prompt": "x",
+                                                       "stop_token_ids": list(range(10**6, 10**6 + 200))})
+    for response in (unknown, stops, past_vocab):
+        assert response.status_code == 400 and len(response.content) < 1000, response.content[:300]
+    assert stops.json()["error"]["param"] == "stop_token_ids" and "at most 256" in stops.json()["error"]["message"]
+    assert past_vocab.json()["error"]["param"] == "stop_token_ids"

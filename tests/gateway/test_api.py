@@ -125,10 +125,10 @@ def test_bad_values_are_400s_naming_the_field_whichever_side_finds_them(stack):
     chat = openai_client(stack, key).chat.completions.create(
         model="tiny", messages=MESSAGES, max_tokens=3, extra_body={"ignore_eos": True, "max_completion_tokens": None})
     assert chat.usage.completion_tokens == 3
-    # The gateway's own refusals reserve nothing; the engine's two (after the reservation) are error rows with
-    # no completion tokens, as any failed request.
-    rows = usage_rows(tenant, 3)
-    assert sorted((r.status, r.completion_tokens) for r in rows) == [("error", 0), ("error", 0), ("ok", 3)]
+    # The gateway's own refusals (negative stop_token_ids among them) reserve nothing; the engine's one (after the
+    # reservation: a temperature out of range) is an error row with no completion tokens, as any failed request.
+    rows = usage_rows(tenant, 2)
+    assert sorted((r.status, r.completion_tokens) for r in rows) == [("error", 0), ("ok", 3)]
 
 
 def test_models_lists_the_base_model_and_only_the_callers_ready_adapters(stack):

@@ -1,6 +1,7 @@
 """Exactly one settle and one usage row per request, written even when the coroutine awaiting it is cancelled."""
 
 import asyncio
+import time
 
 import pytest
 from asgiref.sync import async_to_sync
@@ -8,8 +9,9 @@ from asgiref.sync import async_to_sync
 from gateway.callers import Caller
 from gateway.metering import Meter
 from gateway.targets import Target
+from tenants import services
 from tenants.identity import TenantInfo
-from tenants.limiter import QuotaLimiter, reserve
+from tenants.limiter import QuotaLimiter, Refusal, Reservation, reserve
 from tenants.models import UsageRecord
 from tenants.selectors import quota_effective
 from tests.tenants.factories import TenantFactory
@@ -119,3 +121,25 @@ def test_rows_finishing_together_are_written_in_one_group_and_a_bad_row_costs_on
     assert groups == [["g-0"], ["g-1", "g-2", "g-3", "g-4", "g-bad"]]  # the second group refused as a whole...
     written = set(UsageRecord.objects.filter(tenant_id=tenant.pk).values_list("request_id", flat=True))
     assert written == {f"g-{i}" for i in range(5)}  # ...then written row by row, all but the bad one
+
+
+def test_a_request_running_past_the_slot_ttl_keeps_counting_against_concurrency(settings):
+    settings.QUOTA_SLOT_TTL_S = 1
+    tenant = TenantFactory()
+    services.quota_set(tenant=tenant, changes={"max_concurrent_requests": 1})
+    caller = caller_of(tenant)
+
+    async def scenario():
+        meter = await open_meter(caller, "req-long")
+        refusals, deadline = [], time.monotonic() + 3.0  # a stream still running three TTLs later
+        while time.monotonic() < deadline:
+            refusals.append(await reserve(caller.tenant, None, 1, 1))
+            await asyncio.sleep(0.1)
+        meter.observe({"prompt_tokens": 10, "completion_tokens": 3})
+        await meter.finish("ok")
+        return refusals, await reserve(caller.tenant, None, 1, 1)
+
+    refusals, after = async_to_sync(scenario)()
+    assert len(refusals) >= 10
+    assert all(isinstance(r, Refusal) and r.reason == "max_concurrent_requests" for r in refusals)
+    assert isinstance(after, Reservation)  # the slot came back when the request ended

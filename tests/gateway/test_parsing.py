@@ -29,7 +29,7 @@ def test_unsupported_and_unknown_fields_are_400s_naming_the_field(field):
     assert error.code == ("unknown_parameter" if field == "response_format_x" else "unsupported_parameter")
 
 
-@pytest.mark.parametrize("field", ["adapter", "fairness_key"])
+@pytest.mark.parametrize("field", ["adapter", "fairness_key", "cache_salt"])
 def test_clients_cannot_send_the_engine_only_extensions(field):
     assert refusal("chat", **CHAT, **{field: "x"}).param == field
 
@@ -69,9 +69,44 @@ def test_the_engine_always_streams_with_cumulative_usage_whatever_the_client_ask
     parsed = parse("chat", **CHAT, stream=False, max_completion_tokens=9, user="u1", metadata={"a": "b"},
                    temperature=0.5, ignore_eos=True)
     assert not parsed.stream and not parsed.include_usage
-    body = parsed.engine_body(engine_model="adp_x_v1", max_tokens=9, adapter={"id": "adp_x_v1"}, fairness_key="f")
+    body = parsed.engine_body(engine_model="adp_x_v1", max_tokens=9, adapter={"id": "adp_x_v1"}, fairness_key="f",
+                              cache_salt="s")
     assert body == {"messages": CHAT["messages"], "temperature": 0.5, "ignore_eos": True, "model": "adp_x_v1",
-                    "max_tokens": 9, "stream": True, "fairness_key": "f", "adapter": {"id": "adp_x_v1"},
+                    "max_tokens": 9, "stream": True, "fairness_key": "f", "cache_salt": "s",
+                    "adapter": {"id": "adp_x_v1"},
                     "stream_options": {"include_usage": True, "continuous_usage_stats": True}}
     streamed = parse("completion", model="m", prompt="a", stream=True, stream_options={"include_usage": True})
     assert streamed.stream and streamed.include_usage and not streamed.continuous_usage
+
+
+@pytest.mark.parametrize("kind, field, value", [
+    ("completion", "stop_token_ids", list(range(200_000))),  # 1.5 MB of ids: refused before it goes anywhere
+    ("completion", "stop_token_ids", list(range(257))),
+    ("completion", "stop_token_ids", [1, -2]),
+    ("completion", "stop_token_ids", [True]),
+    ("completion", "stop", ["s"] * 17),
+    ("completion", "stop", "s" * 513),
+    ("completion", "stop", ""),
+    ("completion", "prompt", list(range(131_073))),
+    ("completion", "prompt", [[1, 2], [2**31]]),
+    ("chat", "messages", [{"role": "user", "content": "x"}] * 2049),
+])
+def test_list_fields_are_bounded_with_clear_400s(kind, field, value):
+    base = CHAT if kind == "chat" else {"model": "tiny", "prompt": "x"}
+    error = refusal(kind, **{**base, field: value})
+    assert error.param == field and len(error.message) < 300
+
+
+def test_lists_at_their_bounds_are_accepted():
+    parsed = parse("completion", model="tiny", prompt=list(range(131_072)), stop=["s" * 512] * 16,
+                   stop_token_ids=list(range(256)))
+    assert len(parsed.prompts[0]) == 131_072
+    assert len(parse("chat", model="tiny", messages=[{"role": "user", "content": "x"}] * 2048).body["messages"]) \
+        == 2048
+
+
+def test_errors_quote_only_an_excerpt_of_the_clients_input():
+    error = refusal("chat", **CHAT, **{"x" * 100_000: 1})
+    assert error.code == "unknown_parameter" and len(error.message) < 200 and len(error.param) < 100
+    error = refusal("chat", **CHAT, stream=True, stream_options={"y" * 100_000: True})
+    assert len(error.message) < 200

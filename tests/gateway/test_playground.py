@@ -56,7 +56,9 @@ def test_outsiders_anonymous_callers_and_forged_posts_are_refused(stack):
         refused = chat(client, tenant.slug)
         assert refused.status_code == 404 and refused.json()["error"]["code"] == "not_found"
         assert chat(client, "no-such-tenant").json() == refused.json()
-        assert chat(client, other.slug, csrf=False).status_code == 403  # no CSRF token: not from the console
+        forged = chat(client, other.slug, csrf=False)  # no CSRF token: not from the console
+        assert forged.status_code == 403 and forged.headers["content-type"] == "application/json"
+        assert forged.json()["error"]["code"] == "csrf_failed" and forged.json()["error"]["type"] == "permission_error"
     with httpx.Client(base_url=stack.web_url, timeout=60) as anonymous:
         anonymous.get("/login/")
         assert chat(anonymous, tenant.slug).status_code == 401

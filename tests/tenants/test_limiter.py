@@ -1,6 +1,7 @@
 """QuotaLimiter in one process: exact bookkeeping of the window, slots and month counter in Redis."""
 
 import asyncio
+import time
 from datetime import UTC, datetime
 
 import pytest
@@ -249,3 +250,25 @@ def test_module_functions_queue_a_burst_larger_than_the_pool(redis_db, settings)
 
     num_admitted, closed = async_to_sync(main)()
     assert num_admitted == 60 and all(closed)
+
+
+def test_a_held_slot_outlives_its_ttl_until_it_is_settled(redis_db):
+    ttl_ms = 1000
+
+    async def scenario(limiter, client):
+        quota = dict(max_concurrent_requests=1)
+        held = await limiter.reserve(tenant(**quota), "k", 1, 1)
+        holding = asyncio.ensure_future(limiter.hold(held))
+        refusals, deadline = [], time.monotonic() + 3 * ttl_ms / 1000  # three TTLs of a request still running
+        while time.monotonic() < deadline:
+            refusals.append(await limiter.reserve(tenant(**quota), "k", 1, 1))
+            await asyncio.sleep(0.1)
+        await limiter.settle(held, 1, 1)
+        await asyncio.wait_for(holding, timeout=30)  # ends by itself once the slot is gone
+        return refusals, await limiter.reserve(tenant(**quota), "k", 1, 1)
+
+    refusals, after = run(scenario, slot_ttl_ms=ttl_ms)
+    assert len(refusals) >= 10 and {r.reason for r in refusals if isinstance(r, Refusal)} == {
+        "max_concurrent_requests"}
+    assert all(isinstance(r, Refusal) for r in refusals)
+    assert isinstance(after, Reservation)  # the settled slot was not renewed back
