@@ -47,13 +47,6 @@ class GatewayError(Exception):
         return response
 
 
-def excerpt(value, limit: int = 64) -> str:
-    """A client's value as an error quotes it: at most ``limit`` characters of it, so an answer never echoes a
-    megabyte back."""
-    text = value if isinstance(value, str) else repr(value)
-    return text if len(text) <= limit else f"{text[:limit]}... ({len(text)} characters)"
-
-
 def bad_request(message: str, *, param: str | None = None, code: str = "invalid_request") -> GatewayError:
     return GatewayError(400, message, code=code, param=param)
 

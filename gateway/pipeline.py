@@ -16,15 +16,16 @@ from collections.abc import Awaitable, Callable
 from django.conf import settings
 from django.http import HttpResponse, JsonResponse, StreamingHttpResponse
 
+from engine.contract import ContractError, OpenAIRequest, fit_completion
 from gateway import metrics
 from gateway.callers import Caller
 from gateway.errors import GatewayError, bad_request
 from gateway.metering import CANCELLED, ERROR, Meter, spawn
-from gateway.parsing import InferenceRequest, parse_request
+from gateway.parsing import contract_error, engine_body, parse_request, tokenize_bodies
 from gateway.relay import Relay
 from gateway.replicas import rendezvous_score
 from gateway.targets import Target, resolve_target
-from gateway.upstream import count_prompt, loop_upstream, open_stream
+from gateway.upstream import loop_upstream, open_stream, tokenize_prompts
 from tenants.effective_quota import EffectiveQuota
 from tenants.limiter import Refusal, Reservation, reserve
 
@@ -49,29 +50,21 @@ def cache_salt(tenant_id: int) -> str:
     return _tenant_tag("cache-salt", tenant_id)
 
 
-def completion_budget(quota: EffectiveQuota, parsed: InferenceRequest, prompt_counts: list[int],
+def completion_budget(quota: EffectiveQuota, parsed: OpenAIRequest, prompt_lengths: list[int],
                       max_model_len: int) -> int:
     """max_tokens for the engine: the client's (within the tenant's limit) or the tenant's default, and room for
     it in the context after the longest prompt (a default shrinks to fit; an explicit value must fit)."""
     try:
         budget = quota.resolve_max_tokens(parsed.max_tokens)
+        return min(budget, fit_completion(prompt_lengths, parsed.max_tokens, max_model_len,
+                                          prompt_field=parsed.prompt_field, max_tokens_field=parsed.max_tokens_field))
+    except ContractError as exc:
+        raise contract_error(exc) from None
     except ValueError as exc:
         raise bad_request(f"{exc}.", param=parsed.max_tokens_field, code="max_tokens_over_limit") from None
-    longest = max(prompt_counts)
-    room = max_model_len - longest
-    if parsed.max_tokens is None:
-        budget = min(budget, room)
-    if budget < 1 or longest + budget > max_model_len:
-        raise bad_request(
-            f"This model's maximum context length is {max_model_len} tokens. However, you requested "
-            f"{longest + max(budget, 1)} tokens ({longest} in the prompt, {max(budget, 1)} for the completion). "
-            "Please reduce the prompt or the completion length.",
-            param="messages" if parsed.kind == "chat" else "prompt" if longest >= max_model_len else "max_tokens",
-            code="context_length_exceeded")
-    return budget
 
 
-async def reserve_quota(caller: Caller, parsed: InferenceRequest, prompt_tokens: int, budget: int) -> Reservation:
+async def reserve_quota(caller: Caller, parsed: OpenAIRequest, prompt_tokens: int, budget: int) -> Reservation:
     # The limiter reserves one completion budget; each further choice (n, several prompts) adds one more.
     extra = (parsed.num_choices - 1) * budget
     try:
@@ -105,15 +98,16 @@ async def run_generation(caller: Caller, kind: str, raw_body: bytes,
     target = await resolve_target(caller, parsed.model)
     upstream = loop_upstream()
     candidates = await upstream.pool.candidates(target.affinity_key)
-    counts, max_model_len = await count_prompt(upstream, candidates, parsed.tokenize_bodies(), parsed.model,
-                                               request_id)
+    prompt_ids, max_model_len = await tokenize_prompts(upstream, candidates, tokenize_bodies(parsed), parsed.model,
+                                                   request_id)
+    counts = [len(ids) for ids in prompt_ids]
     budget = completion_budget(caller.tenant.quota, parsed, counts, max_model_len)
     if confirm is not None and await confirm() != caller:
         raise CallerChanged
     meter = await _admit(caller, parsed, target, sum(counts), budget, request_id, started)
-    body = parsed.engine_body(engine_model=target.engine_model, max_tokens=budget,
-                              adapter=target.adapter.source() if target.adapter else None,
-                              fairness_key=fairness_key(caller.tenant.id), cache_salt=cache_salt(caller.tenant.id))
+    body = engine_body(parsed, prompt_ids, engine_model=target.engine_model, max_tokens=budget,
+                       adapter=target.adapter.source() if target.adapter else None,
+                       fairness_key=fairness_key(caller.tenant.id), cache_salt=cache_salt(caller.tenant.id))
     try:
         replica, response = await open_stream(upstream, candidates, ENGINE_PATHS[kind], body, parsed.model,
                                               request_id)
@@ -138,7 +132,7 @@ async def run_generation(caller: Caller, kind: str, raw_body: bytes,
     return JsonResponse(await relay.collect(), headers=headers)
 
 
-async def _admit(caller: Caller, parsed: InferenceRequest, target: Target, prompt_tokens: int, budget: int,
+async def _admit(caller: Caller, parsed: OpenAIRequest, target: Target, prompt_tokens: int, budget: int,
                  request_id: str, started: float) -> Meter:
     """Reserve and start metering, as one step that a client disconnect cannot split: a reservation made while
     the request was being cancelled is still settled and recorded (as cancelled, with no tokens)."""

@@ -15,17 +15,17 @@ from collections.abc import AsyncIterator
 
 import httpx
 
+from engine.contract import OpenAIRequest
 from gateway import metrics
 from gateway.errors import GatewayError
 from gateway.metering import CANCELLED, ERROR, OK, Meter, spawn
-from gateway.parsing import InferenceRequest
 from gateway.replicas import Replica, ReplicaPool
 
 DONE = b"data: [DONE]\n\n"
 
 
 class Relay:
-    def __init__(self, parsed: InferenceRequest, model: str, meter: Meter, response: httpx.Response,
+    def __init__(self, parsed: OpenAIRequest, model: str, meter: Meter, response: httpx.Response,
                  replica: Replica, pool: ReplicaPool):
         self.parsed = parsed
         self.model = model

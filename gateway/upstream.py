@@ -15,9 +15,10 @@ import httpx
 from django.conf import settings
 
 from adapters.engine_client import EngineError, engine_headers
+from engine.contract import excerpt
 from gateway import metrics
 from gateway.engine_transport import EngineTransport
-from gateway.errors import GatewayError, bad_request, excerpt, model_not_found
+from gateway.errors import GatewayError, bad_request, model_not_found
 from gateway.replicas import Replica, ReplicaPool
 
 logger = logging.getLogger("gateway.upstream")
@@ -125,9 +126,9 @@ def _connect_failed(pool: ReplicaPool, replica: Replica, exc: Exception) -> Repl
     return ReplicaUnavailable(replica, f"{type(exc).__name__}: {exc}")
 
 
-async def count_prompt(upstream: Upstream, candidates: list[Replica], bodies: list[dict], model: str,
-                       request_id: str) -> tuple[list[int], int]:
-    """Each prompt's token count (chat template applied) and the context length, from one replica."""
+async def tokenize_prompts(upstream: Upstream, candidates: list[Replica], bodies: list[dict], model: str,
+                       request_id: str) -> tuple[list[list[int]], int]:
+    """Each prompt's token ids (chat template applied) and the context length, from one replica."""
 
     async def one(replica: Replica, body: dict) -> dict:
         try:
@@ -139,9 +140,9 @@ async def count_prompt(upstream: Upstream, candidates: list[Replica], bodies: li
         await _check(replica, response, model)
         return response.json()
 
-    async def attempt(replica: Replica) -> tuple[list[int], int]:
+    async def attempt(replica: Replica) -> tuple[list[list[int]], int]:
         results = await asyncio.gather(*(one(replica, body) for body in bodies))
-        return [r["count"] for r in results], min(r["max_model_len"] for r in results)
+        return [r["tokens"] for r in results], min(r["max_model_len"] for r in results)
 
     return (await on_first_available(candidates, attempt))[1]
 

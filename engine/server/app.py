@@ -16,11 +16,11 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
 from engine.async_engine import AsyncEngine, EngineDead, EngineOverloaded, StepFailed
+from engine.contract import ContractError, OpenAIRequest, excerpt, parse_json, parse_request
 from engine.lora.errors import AdapterError
-from engine.server.errors import APIError, bad_request
+from engine.server.errors import APIError, bad_request, contract_error
 from engine.server.generation import RequestState, full_response, stream_events
 from engine.server.metrics import EngineMetrics
-from engine.server.protocol import GenerationRequest, parse_chat, parse_completion
 from engine.server.serving_model import ServingModel, adapter_error
 
 logger = logging.getLogger("engine.server")
@@ -48,15 +48,15 @@ async def _json_body(request: Request) -> dict:
     raw = await request.body()
     if len(raw) > MAX_BODY_BYTES:
         raise APIError(413, f"request body over {MAX_BODY_BYTES} bytes", code="body_too_large")
+    return _contract(parse_json, raw)
+
+
+def _contract(parse, *args, **kwargs):
+    """``parse(*args, **kwargs)`` with the contract's refusals as API errors."""
     try:
-        body = json.loads(raw)
-    except ValueError as exc:  # bad JSON or bad UTF-8; also an integer of more than 4300 digits
-        raise bad_request(f"the body is not valid JSON: {exc}", code="invalid_json") from None
-    except RecursionError:
-        raise bad_request("the body is not valid JSON: nested too deeply", code="invalid_json") from None
-    if not isinstance(body, dict):
-        raise bad_request("the body must be a JSON object", code="invalid_json")
-    return body
+        return parse(*args, **kwargs)
+    except ContractError as exc:
+        raise contract_error(exc) from None
 
 
 def _request_id(request: Request) -> str:
@@ -146,45 +146,41 @@ async def models(request: Request) -> Response:
 
 
 async def tokenize(request: Request) -> Response:
+    """A prompt's (or a conversation's, chat template applied) token ids, so the gateway can count them exactly and
+    send the ids themselves as the prompt."""
     state = _state(request)
     body = await _json_body(request)
     unknown = set(body) - {"prompt", "messages", "adapter", "model"}
     if unknown:
-        raise bad_request(f"unknown field '{sorted(unknown)[0]}'", param=sorted(unknown)[0])
+        name = excerpt(sorted(unknown)[0])
+        raise bad_request(f"unknown field '{name}'", param=name, code="unknown_parameter")
     if ("prompt" in body) == ("messages" in body):
         raise bad_request("give exactly one of 'prompt' or 'messages'", param="prompt")
-    if "messages" in body:
-        parsed = parse_chat({"model": body.get("model", state.served_model), "messages": body["messages"]})
-        token_ids = state.model.encode_chat(parsed.messages)
-    else:
-        parsed = parse_completion({"model": body.get("model", state.served_model), "prompt": body["prompt"]})
-        if len(parsed.prompts) != 1:
-            raise bad_request("'prompt' must be a single prompt here", param="prompt")
-        token_ids = state.model.encode_prompt(parsed.prompts[0])
-    return JSONResponse({"count": len(token_ids), "max_model_len": state.model.max_model_len})
+    kind = "chat" if "messages" in body else "completion"
+    fields = {"model": body.get("model", state.served_model), **{k: body[k] for k in ("prompt", "messages")
+                                                                if k in body}}
+    parsed = _contract(parse_request, kind, fields)
+    if len(parsed.prompts) > 1:
+        raise bad_request("'prompt' must be a single prompt here", param="prompt")
+    token_ids = state.model.prompt_token_ids(parsed)[0]
+    return JSONResponse({"count": len(token_ids), "max_model_len": state.model.max_model_len, "tokens": token_ids})
 
 
 async def completions(request: Request) -> Response:
-    return await _generate(request, parse_completion(await _json_body(request)))
+    return await _generate(request, _contract(parse_request, "completion", await _json_body(request), trusted=True))
 
 
 async def chat_completions(request: Request) -> Response:
-    return await _generate(request, parse_chat(await _json_body(request)))
+    return await _generate(request, _contract(parse_request, "chat", await _json_body(request), trusted=True))
 
 
-async def _generate(request: Request, parsed: GenerationRequest) -> Response:
+async def _generate(request: Request, parsed: OpenAIRequest) -> Response:
     state = _state(request)
     request_id = request.scope["state"]["request_id"]
     lora_request = await state.model.resolve(parsed.model, parsed.adapter)
-    if parsed.kind == "chat":
-        prompt_ids = [state.model.encode_chat(parsed.messages)]
-    else:
-        prompt_ids = [state.model.encode_prompt(p) for p in parsed.prompts]
-    state.model.check_prompt_ids(parsed, prompt_ids)
+    prompt_ids = state.model.prompt_token_ids(parsed)
     params = state.model.sampling_params(parsed, prompt_ids)
     run = RequestState(parsed, request_id, int(time.time()), prompt_tokens=sum(len(p) for p in prompt_ids))
-    if parsed.kind == "chat":
-        parsed.prompts = [prompt_ids[0]]
     outputs = _merged_outputs(state, request_id, prompt_ids, params, lora_request, parsed.cache_salt)
     if parsed.stream:
         first = await _first_or_error(outputs)

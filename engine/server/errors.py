@@ -4,6 +4,8 @@ from dataclasses import dataclass
 
 from starlette.responses import JSONResponse
 
+from engine.contract import ContractError
+
 _TYPES = {
     400: "invalid_request_error",
     401: "authentication_error",
@@ -43,8 +45,7 @@ def bad_request(message: str, *, param: str | None = None, code: str = "invalid_
     return APIError(400, message, code=code, param=param)
 
 
-def excerpt(value, limit: int = 64) -> str:
-    """A client's value as an error quotes it: at most ``limit`` characters of it, so an answer never echoes a
-    megabyte back."""
-    text = value if isinstance(value, str) else repr(value)
-    return text if len(text) <= limit else f"{text[:limit]}... ({len(text)} characters)"
+
+def contract_error(exc: ContractError) -> APIError:
+    """A refusal of engine.contract as this server's answer."""
+    return APIError(exc.status, exc.message, code=exc.code, param=exc.param)

@@ -9,7 +9,7 @@ import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 
-from engine.server.protocol import GenerationRequest
+from engine.contract import OpenAIRequest
 
 
 @dataclass(slots=True)
@@ -26,7 +26,7 @@ class ChoiceState:
 
 @dataclass(slots=True)
 class RequestState:
-    request: GenerationRequest
+    request: OpenAIRequest
     request_id: str
     created: int
     prompt_tokens: int = 0
@@ -82,7 +82,7 @@ def _token_logprob(tokenizer, token_id: int, logprob: float) -> dict:
 
 def choice_delta(state: RequestState, prompt_index: int, completion, tokenizer) -> dict | None:
     """The new part of one choice since the last chunk, or None if nothing new."""
-    index = prompt_index * state.request.params.get("n", 1) + completion.index
+    index = prompt_index * state.request.n + completion.index
     choice = state.choices.setdefault(index, ChoiceState(index))
     delta_text = completion.text[len(choice.sent_text):]
     choice.sent_text = completion.text
@@ -127,9 +127,8 @@ async def stream_events(state: RequestState, outputs: AsyncIterator[tuple[int, o
     request = state.request
     continuous = request.continuous_usage
     if request.kind == "chat":
-        n_total = len(request.prompts or [0]) * request.params.get("n", 1)
         first = [{"index": i, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
-                  "finish_reason": None} for i in range(n_total)]
+                  "finish_reason": None} for i in range(request.num_choices)]
         yield chunk(state, first, usage=state.usage() if continuous else None, with_usage_key=continuous)
     async for prompt_index, completion in outputs:
         choice = choice_delta(state, prompt_index, completion, tokenizer)

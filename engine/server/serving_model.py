@@ -9,8 +9,8 @@ import asyncio
 from concurrent.futures import Future
 
 from engine.async_engine import AsyncEngine
-from engine.server.errors import APIError, bad_request
-from engine.server.protocol import AdapterSource, GenerationRequest, parse_adapter
+from engine.contract import AdapterSource, ContractError, OpenAIRequest, fit_completion, parse_adapter
+from engine.server.errors import APIError, bad_request, contract_error
 
 
 def adapter_error(exc: Exception) -> APIError:
@@ -40,51 +40,49 @@ class ServingModel:
 
     # ---------------------------------------------------------------- tokens
 
-    def encode_prompt(self, prompt: str | list[int]) -> list[int]:
-        if isinstance(prompt, list):
-            return list(prompt)
-        return self.tokenizer.encode(prompt)
+    def prompt_token_ids(self, parsed: OpenAIRequest) -> list[list[int]]:
+        """Each prompt's token ids: as given (token-id prompts, the gateway's ``prompt_token_ids``), else encoded
+        (the chat template applied); 400 naming the field for ids outside the vocabulary."""
+        if parsed.kind == "completion":
+            prompt_ids = [list(p) if isinstance(p, list) else self.tokenizer.encode(p) for p in parsed.prompts]
+        elif parsed.prompt_token_ids is not None:
+            prompt_ids = [list(parsed.prompt_token_ids)]
+        else:
+            prompt_ids = [self._encode_chat(parsed.messages)]
+        vocab = self.async_engine.engine.model_config.vocab_size
+        param = "prompt_token_ids" if parsed.prompt_token_ids is not None else parsed.prompt_field
+        for ids in prompt_ids:
+            if not ids:
+                raise bad_request(f"'{param}' is empty: at least one token is needed", param=param)
+            if not all(0 <= t < vocab for t in ids):
+                raise bad_request(f"'{param}' token ids must be integers in [0, {vocab})", param=param)
+        return prompt_ids
 
-    def encode_chat(self, messages: list[dict]) -> list[int]:
+    def _encode_chat(self, messages: list[dict]) -> list[int]:
         if not self.tokenizer.chat_template:
             raise bad_request("this model has no chat template; use /v1/completions", code="no_chat_template")
         encoded = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
         return list(encoded["input_ids"] if hasattr(encoded, "keys") else encoded)
 
-    def sampling_params(self, parsed: GenerationRequest, prompt_ids: list[list[int]]) -> list:
+    def sampling_params(self, parsed: OpenAIRequest, prompt_ids: list[list[int]]) -> list:
         """One SamplingParams per prompt; 413 when a prompt and its max_tokens cannot fit the context."""
         from engine.sampling_params import SamplingParamError, SamplingParams
 
+        # OpenAI's legacy completions default to 16 tokens; a null max_tokens (and chat's default) is the room left
+        asked = 16 if parsed.kind == "completion" and "max_tokens" not in parsed.body else parsed.max_tokens
         params = []
         for ids in prompt_ids:
-            room = self.max_model_len - len(ids)
-            if room <= 0:
-                raise APIError(413, f"the prompt has {len(ids)} tokens; the context is {self.max_model_len}",
-                               code="context_length_exceeded", param="messages" if parsed.messages else "prompt")
-            kwargs = dict(parsed.params)
-            if kwargs.get("max_tokens") is None:
-                kwargs["max_tokens"] = room
-            elif kwargs["max_tokens"] > room:
-                raise APIError(413, f"prompt ({len(ids)} tokens) + max_tokens ({kwargs['max_tokens']}) is over the "
-                                    f"context of {self.max_model_len} tokens", code="context_length_exceeded",
-                               param=_client_field(parsed, "max_tokens"))
             try:
-                params.append(SamplingParams(**kwargs))
+                max_tokens = fit_completion([len(ids)], asked, self.max_model_len, prompt_field=parsed.prompt_field,
+                                            max_tokens_field=parsed.max_tokens_field)
+                params.append(SamplingParams(**parsed.sampling, max_tokens=max_tokens))
+            except ContractError as exc:
+                raise contract_error(exc) from None
             except SamplingParamError as exc:
                 raise bad_request(str(exc), param=_client_field(parsed, exc.param)) from None
             except (TypeError, ValueError) as exc:
                 raise bad_request(str(exc)) from None
         return params
-
-    def check_prompt_ids(self, parsed: GenerationRequest, prompt_ids: list[list[int]]) -> None:
-        """400 naming the field for a prompt the engine would refuse: empty, or token ids outside the vocabulary."""
-        param = "messages" if parsed.kind == "chat" else "prompt"
-        vocab = self.async_engine.engine.model_config.vocab_size
-        for ids in prompt_ids:
-            if not ids:
-                raise bad_request(f"'{param}' is empty: at least one token is needed", param=param)
-            if not all(type(t) is int and 0 <= t < vocab for t in ids):
-                raise bad_request(f"'{param}' token ids must be integers in [0, {vocab})", param=param)
 
     # ---------------------------------------------------------------- adapters
 
@@ -121,7 +119,10 @@ class ServingModel:
         if not self.lora_enabled:
             raise APIError(400, "this engine serves no adapters (started with --no-enable-lora)",
                            code="lora_disabled")
-        source = parse_adapter(value)
+        try:
+            source = parse_adapter(value)
+        except ContractError as exc:
+            raise contract_error(exc) from None
         if source is None or not source.uri:
             raise bad_request("'adapter' with 'id' and 'uri' is required", param="adapter")
         request = self._lora_request(source)
@@ -150,10 +151,10 @@ class ServingModel:
         return await self.async_engine.call(lambda engine: engine.list_adapters())
 
 
-def _client_field(parsed: GenerationRequest, param: str) -> str:
+def _client_field(parsed: OpenAIRequest, param: str) -> str:
     """The request's own name for a SamplingParams field (chat's top_logprobs, max_completion_tokens)."""
     if parsed.kind == "chat" and param == "logprobs":
         return "top_logprobs"
-    if param == "max_tokens" and parsed.raw.get("max_completion_tokens") is not None:
-        return "max_completion_tokens"
+    if param == "max_tokens":
+        return parsed.max_tokens_field
     return param

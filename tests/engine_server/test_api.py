@@ -90,6 +90,24 @@ def test_tokenize_counts_equal_the_engine_prompt_lengths(engine_server, client):
     chat = client.chat.completions.create(model="tiny", messages=messages, max_tokens=1)
     assert count["count"] == completion.usage.prompt_tokens and count["max_model_len"] == 512
     assert chat_count["count"] == chat.usage.prompt_tokens
+    assert len(count["tokens"]) == count["count"] and len(chat_count["tokens"]) == chat_count["count"]
+
+
+def test_a_chat_sent_as_the_ids_tokenize_gave_answers_as_the_messages_do(engine_server):
+    messages = [{"role": "user", "content": "the lazy dog"}]
+    with engine_server.client() as http:
+        ids = http.post("/tokenize", json={"messages": messages}).json()["tokens"]
+        by_messages = http.post("/v1/chat/completions", json={"model": "tiny", "messages": messages,
+                                                              "max_tokens": 6, "temperature": 0}).json()
+        by_ids = http.post("/v1/chat/completions", json={"model": "tiny", "prompt_token_ids": ids, "max_tokens": 6,
+                                                         "temperature": 0}).json()
+        both = http.post("/v1/chat/completions", json={"model": "tiny", "prompt_token_ids": ids, "messages": messages})
+        past_vocab = http.post("/v1/chat/completions", json={"model": "tiny", "prompt_token_ids": [10**6]})
+    assert by_ids["object"] == "chat.completion" and by_ids["choices"][0]["message"]["role"] == "assistant"
+    assert by_ids["choices"][0]["message"]["content"] == by_messages["choices"][0]["message"]["content"]
+    assert by_ids["usage"] == by_messages["usage"]
+    assert both.status_code == 400 and both.json()["error"]["param"] == "prompt_token_ids"
+    assert past_vocab.status_code == 400 and past_vocab.json()["error"]["param"] == "prompt_token_ids"
 
 
 @pytest.mark.parametrize("field,value", [("tools", [{"type": "function"}]), ("logit_bias", {"1": 5}),
@@ -321,5 +339,5 @@ def test_errors_quote_at_most_an_excerpt_of_the_client_input(engine_server):
                                                        "stop_token_ids": list(range(10**6, 10**6 + 200))})
     for response in (unknown, stops, past_vocab):
         assert response.status_code == 400 and len(response.content) < 1000, response.content[:300]
-    assert stops.json()["error"]["param"] == "stop_token_ids" and "at most 256" in stops.json()["error"]["message"]
+    assert stops.json()["error"]["param"] == "stop_token_ids" and "up to 256" in stops.json()["error"]["message"]
     assert past_vocab.json()["error"]["param"] == "stop_token_ids"

@@ -5,7 +5,7 @@ import json
 import pytest
 
 from gateway.errors import GatewayError
-from gateway.parsing import parse_request
+from gateway.parsing import engine_body, parse_request, tokenize_bodies
 
 
 def parse(kind: str, **body):
@@ -29,7 +29,7 @@ def test_unsupported_and_unknown_fields_are_400s_naming_the_field(field):
     assert error.code == ("unknown_parameter" if field == "response_format_x" else "unsupported_parameter")
 
 
-@pytest.mark.parametrize("field", ["adapter", "fairness_key", "cache_salt"])
+@pytest.mark.parametrize("field", ["adapter", "fairness_key", "cache_salt", "prompt_token_ids"])
 def test_clients_cannot_send_the_engine_only_extensions(field):
     assert refusal("chat", **CHAT, **{field: "x"}).param == field
 
@@ -60,21 +60,24 @@ def test_prompt_forms_and_choices():
     assert parse("completion", model="m", prompt=[5, 6, 7]).prompts == [[5, 6, 7]]
     two = parse("completion", model="m", prompt=["a", "b"], n=3)
     assert two.prompts == ["a", "b"] and two.num_choices == 6
-    assert two.tokenize_bodies() == [{"prompt": "a"}, {"prompt": "b"}]
+    assert tokenize_bodies(two) == [{"prompt": "a"}, {"prompt": "b"}]
     chat = parse("chat", **CHAT, max_completion_tokens=7)
-    assert chat.max_tokens == 7 and chat.tokenize_bodies() == [{"messages": CHAT["messages"]}]
+    assert chat.max_tokens == 7 and tokenize_bodies(chat) == [{"messages": CHAT["messages"]}]
 
 
 def test_the_engine_always_streams_with_cumulative_usage_whatever_the_client_asked():
     parsed = parse("chat", **CHAT, stream=False, max_completion_tokens=9, user="u1", metadata={"a": "b"},
                    temperature=0.5, ignore_eos=True)
     assert not parsed.stream and not parsed.include_usage
-    body = parsed.engine_body(engine_model="adp_x_v1", max_tokens=9, adapter={"id": "adp_x_v1"}, fairness_key="f",
-                              cache_salt="s")
-    assert body == {"messages": CHAT["messages"], "temperature": 0.5, "ignore_eos": True, "model": "adp_x_v1",
+    body = engine_body(parsed, [[5, 6, 7]], engine_model="adp_x_v1", max_tokens=9, adapter={"id": "adp_x_v1"},
+                       fairness_key="f", cache_salt="s")
+    assert body == {"prompt_token_ids": [5, 6, 7], "temperature": 0.5, "ignore_eos": True, "model": "adp_x_v1",
                     "max_tokens": 9, "stream": True, "fairness_key": "f", "cache_salt": "s",
                     "adapter": {"id": "adp_x_v1"},
                     "stream_options": {"include_usage": True, "continuous_usage_stats": True}}
+    two = engine_body(parse("completion", model="m", prompt=["a", "b"]), [[1], [2, 3]], engine_model="m",
+                      max_tokens=1, adapter=None, fairness_key="f", cache_salt="s")
+    assert two["prompt"] == [[1], [2, 3]]  # the ids the engine's /tokenize gave: encoded once
     streamed = parse("completion", model="m", prompt="a", stream=True, stream_options={"include_usage": True})
     assert streamed.stream and streamed.include_usage and not streamed.continuous_usage
 

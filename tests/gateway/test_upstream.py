@@ -9,7 +9,7 @@ import pytest
 
 from gateway.errors import GatewayError
 from gateway.replicas import ReplicaPool
-from gateway.upstream import Upstream, count_prompt, open_stream
+from gateway.upstream import Upstream, open_stream, tokenize_prompts
 
 URLS = ["http://a:1", "http://b:1"]
 
@@ -33,7 +33,8 @@ class Engines:
                                   json={"error": {"message": "no", "type": "x", "code": f"c{what}", "param": "p"}})
         if request.url.path == "/tokenize":
             body = json.loads(request.content)
-            return httpx.Response(200, json={"count": len(body["prompt"]), "max_model_len": 512})
+            return httpx.Response(200, json={"count": len(body["prompt"]), "max_model_len": 512,
+                                             "tokens": body["prompt"]})
         self.generations.append(base)
         return httpx.Response(200, content=b"data: [DONE]\n\n")
 
@@ -97,10 +98,10 @@ def test_other_engine_refusals_are_final_and_become_clean_client_errors(status, 
         assert "my-model" in caught.value.message  # the client's name, never the engine's id
 
 
-def test_prompts_are_counted_on_one_replica_and_the_next_one_answers_if_it_is_down():
+def test_prompts_are_tokenized_on_one_replica_and_the_next_one_answers_if_it_is_down():
     engines = Engines(a="refuse")
 
     async def scenario(upstream, candidates):
-        return await count_prompt(upstream, candidates, [{"prompt": [1, 2, 3]}, {"prompt": [4]}], "m", "req-2")
+        return await tokenize_prompts(upstream, candidates, [{"prompt": [1, 2, 3]}, {"prompt": [4]}], "m", "req-2")
 
-    assert run(engines, scenario) == ([3, 1], 512)
+    assert run(engines, scenario) == ([[1, 2, 3], [4]], 512)
