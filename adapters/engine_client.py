@@ -1,12 +1,16 @@
-"""A small client of the engine's adapter API (``ENGINE_PROTOCOL.md``): load, unload, a smoke generation.
+"""The control plane's client of the engine protocol (``ENGINE_PROTOCOL.md``), the one every app uses.
 
-Blocking (httpx), for Celery workers. The pieces the async gateway reuses are the plain functions and the
-error type: :func:`adapter_source` (the ``"adapter"`` field of a request), :func:`engine_headers` and
-:meth:`EngineError.from_response` / :meth:`EngineError.from_transport`.
+- :class:`EngineClient` (blocking, for Celery workers): load, unload, a smoke generation.
+- :func:`probe` (async): one read of ``/health`` and ``/stats``, for the gateway's replica pool and the console's
+  engines page alike.
+- The pieces the gateway's streaming path reuses: :func:`adapter_source` (the ``"adapter"`` field of a request),
+  :func:`engine_headers` and :meth:`EngineError.from_response` / :meth:`EngineError.from_transport`.
 """
 
+import asyncio
 import random
 from collections.abc import Iterable
+from dataclasses import dataclass
 
 import httpx
 
@@ -154,3 +158,39 @@ def unload_everywhere(urls: Iterable[str], api_key: str, engine_id: str, *, time
             except EngineError as exc:
                 failures[url] = exc
     return failures
+
+
+@dataclass(frozen=True, slots=True)
+class Probe:
+    """One read of an engine's ``/health`` and ``/stats``."""
+
+    url: str
+    health_status: int | None  # None: no answer
+    stats: dict | None  # the /stats JSON, when it answered 200 with a JSON object
+    problem: str = ""  # why there is no stats, in words
+
+    @property
+    def serving(self) -> bool:
+        return self.health_status == 200 and self.stats is not None
+
+
+async def probe(http: httpx.AsyncClient, url: str, api_key: str, *, timeout: float | httpx.Timeout) -> Probe:
+    """``GET /health`` and ``/stats`` of one engine at once; never raises for the engine's failure."""
+    base = url.rstrip("/")
+    try:
+        health, stats = await asyncio.gather(
+            http.get(f"{base}/health", timeout=timeout),
+            http.get(f"{base}/stats", headers=engine_headers(api_key), timeout=timeout))
+    except httpx.TimeoutException:
+        return Probe(url, None, None, "no answer within the timeout")
+    except httpx.HTTPError as exc:
+        return Probe(url, None, None, f"not reachable: {exc or type(exc).__name__}")
+    if stats.status_code != 200:
+        return Probe(url, health.status_code, None, f"/stats answered HTTP {stats.status_code}")
+    try:
+        body = stats.json()
+    except ValueError:
+        body = None
+    if not isinstance(body, dict):
+        return Probe(url, health.status_code, None, "/stats answered something that is not the engine protocol's JSON")
+    return Probe(url, health.status_code, body)

@@ -7,6 +7,8 @@ from dataclasses import dataclass, field
 
 import httpx
 
+from adapters.engine_client import Probe, probe
+
 TIMEOUT = httpx.Timeout(2.0, connect=1.0)
 UP, UNHEALTHY, DOWN = "up", "unhealthy", "down"  # serving; answering but not serving (or refusing us); silent
 
@@ -69,27 +71,22 @@ class ReplicaStatus:
 async def fleet_status(urls: list[str], api_key: str, *, transport: httpx.AsyncBaseTransport | None = None
                        ) -> list[ReplicaStatus]:
     """The status of every replica, in the order of ``urls``; never raises for a replica's failure."""
-    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
-    async with httpx.AsyncClient(timeout=TIMEOUT, headers=headers, transport=transport) as client:
-        return list(await asyncio.gather(*(replica_status(client, url) for url in urls)))
+    async with httpx.AsyncClient(transport=transport) as client:
+        probes = await asyncio.gather(*(probe(client, url, api_key, timeout=TIMEOUT) for url in urls))
+    return [replica_status(p) for p in probes]
 
 
-async def replica_status(client: httpx.AsyncClient, url: str) -> ReplicaStatus:
-    base = url.rstrip("/")
+def replica_status(read: Probe) -> ReplicaStatus:
+    if read.health_status is None:
+        return ReplicaStatus(read.url, DOWN, read.problem)
+    if read.stats is None:
+        return ReplicaStatus(read.url, UNHEALTHY, read.problem)
     try:
-        health, stats = await asyncio.gather(client.get(f"{base}/health"), client.get(f"{base}/stats"))
-    except httpx.TimeoutException:
-        return ReplicaStatus(url, DOWN, "no answer within the timeout")
-    except httpx.HTTPError as exc:
-        return ReplicaStatus(url, DOWN, f"not reachable: {exc or type(exc).__name__}")
-    if stats.status_code != 200:
-        return ReplicaStatus(url, UNHEALTHY, f"/stats answered HTTP {stats.status_code}")
-    try:
-        status = parse_stats(url, stats.json())
+        status = parse_stats(read.url, read.stats)
     except (ValueError, KeyError, TypeError, AttributeError):
-        return ReplicaStatus(url, UNHEALTHY, "/stats answered something that is not the engine protocol's JSON")
-    if health.status_code != 200:
-        status.state, status.problem = UNHEALTHY, f"/health answered HTTP {health.status_code}"
+        return ReplicaStatus(read.url, UNHEALTHY, "/stats answered something that is not the engine protocol's JSON")
+    if read.health_status != 200:
+        status.state, status.problem = UNHEALTHY, f"/health answered HTTP {read.health_status}"
     return status
 
 

@@ -19,6 +19,8 @@ from dataclasses import dataclass
 
 import httpx
 
+from adapters.engine_client import probe
+
 logger = logging.getLogger("gateway.replicas")
 PROBE_TIMEOUT_S = 2.0
 
@@ -98,16 +100,10 @@ class ReplicaPool:
         await asyncio.gather(*(self._probe(r) for r in self.replicas))
 
     async def _probe(self, replica: Replica) -> None:
-        headers = {"Authorization": f"Bearer {self.api_key}"}
-        try:
-            health, stats = await asyncio.gather(
-                self.http.get(f"{replica.url}/health", timeout=PROBE_TIMEOUT_S),
-                self.http.get(f"{replica.url}/stats", headers=headers, timeout=PROBE_TIMEOUT_S))
-            healthy = health.status_code == 200 and stats.status_code == 200
-            body = stats.json() if healthy else {}
-        except (httpx.HTTPError, ValueError) as exc:
-            logger.info("engine %s probe failed: %s", replica.url, exc)
-            healthy, body = False, {}
+        read = await probe(self.http, replica.url, self.api_key, timeout=PROBE_TIMEOUT_S)
+        healthy, body = read.serving, read.stats or {}
+        if not healthy:
+            logger.info("engine %s probe failed: %s", replica.url, read.problem or f"/health {read.health_status}")
         requests = body.get("requests") or {}
         if healthy != replica.healthy:
             logger.warning("engine %s is %s", replica.url, "up" if healthy else "down")
