@@ -12,7 +12,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import AsyncIterator, Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 logger = logging.getLogger(__name__)
 
@@ -40,23 +40,18 @@ class _Stream:
     finished: bool = False
 
 
-@dataclass(slots=True)
-class _Counters:
-    finished: int = 0
-    aborted: int = 0
-    step_errors: int = 0
-    started_at: float = field(default_factory=time.time)
-
-
 class AsyncEngine:
     """Wraps an ``LLMEngine`` (``add_request``, ``abort_request``, ``step``, ``has_unfinished_requests``,
-    ``has_pending_loads``: adapter loads are reported by ``step``, so the loop runs while they are in flight)."""
+    ``has_pending_loads``: adapter loads are reported by ``step``, so the loop runs while they are in flight).
+
+    The server reaches the engine only through this class: requests, admin calls (:meth:`call`), and the few
+    facts fixed at start-up (tokenizer, context length, vocabulary), which are safe to read from any thread.
+    The counters are the engine's own (its ``stats()``)."""
 
     def __init__(self, engine, *, max_waiting: int = 512, on_step: Callable | None = None):
         self.engine = engine
         self.max_waiting = max_waiting
         self.on_step = on_step  # called on the loop thread after each step with (outputs, step_seconds)
-        self.counters = _Counters()
         self._commands: deque = deque()
         self._streams: dict[str, _Stream] = {}
         self._wake = threading.Event()
@@ -67,6 +62,27 @@ class AsyncEngine:
         self._thread.start()
 
     # ------------------------------------------------------------ event-loop side
+
+    @property
+    def tokenizer(self):
+        return self.engine.tokenizer
+
+    @property
+    def max_model_len(self) -> int:
+        return self.engine.max_model_len
+
+    @property
+    def vocab_size(self) -> int:
+        return self.engine.model_config.vocab_size
+
+    @property
+    def is_dead(self) -> bool:
+        """The step loop died: nothing more can be served by this process."""
+        return self._error is not None
+
+    def check_adapter_source(self, lora_request) -> None:
+        """Raise ``AdapterSourceNotAllowed`` for an adapter path outside the allow-list (a pure check)."""
+        self.engine.check_adapter_source(lora_request)
 
     @property
     def num_pending(self) -> int:
@@ -110,7 +126,6 @@ class AsyncEngine:
         stream = self._streams.pop(request_id, None)
         if stream is not None and not stream.finished:
             stream.finished = True
-            self.counters.aborted += 1
             self._submit(("abort", request_id))
 
     def call(self, fn: Callable, *args) -> asyncio.Future:
@@ -173,7 +188,6 @@ class AsyncEngine:
         (more than MAX_STEP_FAILURES within STEP_FAILURE_WINDOW_S)."""
         now = time.monotonic()
         self._step_failures = [t for t in self._step_failures if now - t < STEP_FAILURE_WINDOW_S] + [now]
-        self.counters.step_errors += 1
         if len(self._step_failures) > MAX_STEP_FAILURES:
             logger.error("%d steps failed within %.0f s: giving up", len(self._step_failures), STEP_FAILURE_WINDOW_S)
             return False
@@ -196,7 +210,8 @@ class AsyncEngine:
                 return False
             if kind == "add":
                 _, request_id, args, kwargs = command
-                if request_id not in self._streams:  # aborted before it was added
+                if request_id not in self._streams:  # aborted before it reached the engine
+                    self.engine.note_abandoned(request_id)
                     continue
                 try:
                     self.engine.add_request(request_id, *args, **kwargs)
@@ -221,8 +236,6 @@ class AsyncEngine:
         if isinstance(item, BaseException) or item.finished:
             stream.finished = True
             self._streams.pop(request_id, None)
-            if not isinstance(item, BaseException):
-                self.counters.finished += 1
         stream.loop.call_soon_threadsafe(stream.queue.put_nowait, item)
 
 

@@ -1,7 +1,9 @@
 """``LLMEngine``: requests in, one batched step at a time, outputs out.
 
-``step()`` reads as schedule -> run the model -> postprocess (record tokens, detokenize, check stops, finish).
-The engine is single-threaded; an async server drives it from one loop.
+A request goes through the input processor (checked, tokenized, made into sequences) to the scheduler; ``step()``
+reads as schedule -> execute (one forward pass, one token per sequence that samples) -> output processing
+(record tokens, detokenize, check stops, finish). The engine is single-threaded; an async server drives it from
+one loop.
 
 With ``enable_lora`` an :class:`engine.lora.adapter_manager.AdapterManager` owns the adapters; each step first
 collects finished background loads, and a request whose adapter cannot be served finishes with
@@ -10,28 +12,26 @@ collects finished background loads, and a request whose adapter cannot be served
 
 import atexit
 import gc
-import itertools
 import json
 import logging
-import reprlib
 import time
 from collections import defaultdict
 from collections.abc import Iterable
 from concurrent.futures import Future
-from dataclasses import dataclass
 from pathlib import Path
 
 from engine.block_manager import BlockManager
 from engine.config import EngineConfig, ModelConfig
-from engine.detokenizer import IncrementalDetokenizer
+from engine.input_processor import InputProcessor
 from engine.lora.errors import AdapterError
 from engine.lora.request import LoRARequest
 from engine.model_runner import ModelRunner
-from engine.outputs import CompletionOutput, RequestMetrics, RequestOutput
+from engine.output_processor import OutputProcessor, Request
+from engine.outputs import RequestMetrics, RequestOutput
 from engine.sampler import SamplerOutput
-from engine.sampling_params import SamplingParamError, SamplingParams
-from engine.scheduler import Scheduler
-from engine.sequence import Sequence, SequenceStatus
+from engine.sampling_params import SamplingParams
+from engine.scheduler import Scheduler, SchedulerOutput
+from engine.sequence import SequenceStatus
 
 logger = logging.getLogger(__name__)
 _IDLE_LOAD_WAIT_S = 0.02
@@ -69,17 +69,6 @@ def _freeze_startup_objects() -> None:
         _unfreeze_registered = True
 
 
-@dataclass(slots=True)
-class _Request:
-    request_id: str
-    prompt: str | None
-    prompt_token_ids: list[int]
-    seqs: list[Sequence]
-    metrics: RequestMetrics
-    lora_request: object = None
-    error: Exception | None = None  # why it failed (an adapter that cannot be served)
-
-
 class LLMEngine:
     def __init__(self, config: EngineConfig):
         from transformers import AutoTokenizer  # heavy import, only for engines
@@ -101,12 +90,16 @@ class LLMEngine:
         self.scheduler = Scheduler(self.block_manager, max_num_seqs=config.max_num_seqs,
                                    max_num_batched_tokens=config.max_num_batched_tokens,
                                    check_invariants=config.check_invariants,
-                                   adapters=self.adapters.admission if self.adapters is not None else None)
-        self.requests: dict[str, _Request] = {}
+                                   admission=self.adapters.admission if self.adapters is not None else None)
+        self.input_processor = InputProcessor(
+            self.tokenizer, vocab_size=self.model_config.vocab_size, max_model_len=self.max_model_len,
+            num_kv_blocks=self.block_manager.num_blocks, block_size=config.block_size,
+            lora_enabled=self.adapters is not None, device=self.model_runner.device)
+        self.output_processor = OutputProcessor(self.eos_token_ids, self.max_model_len)
+        self.requests: dict[str, Request] = {}
         self._failed: list[RequestOutput] = []  # outputs of requests failed between steps, returned by the next
-        self._seq_ids = itertools.count()
-        self._arrivals = itertools.count()
-        self.counters = defaultdict(int)  # finished, aborted, prompt/generated/computed tokens, steps
+        # The engine's one set of counters: finished, aborted, prompt/generated/computed tokens, steps, step_errors
+        self.counters = defaultdict(int)
         _freeze_startup_objects()
 
     def _adapter_manager(self):
@@ -151,60 +144,19 @@ class LLMEngine:
         if request_id in self.requests:
             raise ValueError(f"request id {request_id!r} is already in use")
         params = params or SamplingParams()
-        text, token_ids = self._tokenize(prompt, prompt_token_ids)
-        self._validate(token_ids, params, lora_request)
-        _check_cache_salt(cache_salt)
-        seqs = [
-            Sequence(next(self._seq_ids), request_id, token_ids, params, index=i, arrival_index=next(self._arrivals),
-                     lora_request=lora_request, cache_salt=cache_salt, device=self.model_runner.device)
-            for i in range(params.n)
-        ]
+        text, token_ids, seqs = self.input_processor.process(request_id, prompt, params,
+                                                             prompt_token_ids=prompt_token_ids,
+                                                             lora_request=lora_request, cache_salt=cache_salt)
         for seq in seqs:
-            seq.detokenizer = IncrementalDetokenizer(self.tokenizer.backend_tokenizer, token_ids, params)
             self.scheduler.add(seq)
-        request = self.requests[request_id] = _Request(request_id, text, token_ids, seqs,
-                                                       RequestMetrics(time.monotonic()), lora_request)
+        request = self.requests[request_id] = Request(request_id, text, token_ids, seqs,
+                                                      RequestMetrics(time.monotonic()), lora_request)
         self.counters["prompt_tokens"] += len(token_ids)
         if lora_request is not None:
             try:
                 self.adapters.check_request(lora_request)
             except AdapterError as exc:
                 self._fail(request, exc)
-
-    def _tokenize(self, prompt, prompt_token_ids) -> tuple[str | None, list[int]]:
-        if prompt_token_ids is None and isinstance(prompt, list):
-            prompt, prompt_token_ids = None, prompt
-        if prompt_token_ids is not None:
-            return prompt, list(prompt_token_ids)
-        if not isinstance(prompt, str):
-            raise ValueError(f"prompt must be a string or a list of token ids, got {type(prompt).__name__}")
-        return prompt, self.tokenizer.encode(prompt)
-
-    def _validate(self, token_ids: list[int], params: SamplingParams, lora_request) -> None:
-        vocab = self.model_config.vocab_size
-        if not token_ids:
-            raise ValueError("prompt is empty: at least one token is needed")
-        if not all(type(t) is int and 0 <= t < vocab for t in token_ids):
-            raise ValueError(f"prompt token ids must be ints in [0, {vocab})")
-        if any(t >= vocab for t in params.stop_token_ids):  # the sampler masks these logits by index
-            too_big = [t for t in params.stop_token_ids if t >= vocab]
-            raise SamplingParamError("stop_token_ids", f"stop_token_ids must be token ids below {vocab}, "
-                                                       f"got {reprlib.repr(too_big)}")
-        if len(token_ids) >= self.max_model_len:
-            raise ValueError(
-                f"prompt has {len(token_ids)} tokens but max_model_len is {self.max_model_len} "
-                "(at least one token must be generated)"
-            )
-        longest = min(len(token_ids) + (params.max_tokens or self.max_model_len), self.max_model_len)
-        if self.block_manager.blocks_needed(longest) > self.block_manager.num_blocks:
-            raise ValueError(
-                f"a sequence of {longest} tokens needs {self.block_manager.blocks_needed(longest)} KV blocks, "
-                f"the cache has {self.block_manager.num_blocks}"
-            )
-        if lora_request is not None:
-            self._require_lora()
-            if not isinstance(lora_request, LoRARequest):
-                raise ValueError(f"lora_request must be an engine.LoRARequest, got {type(lora_request).__name__}")
 
     def _require_lora(self) -> None:
         if self.adapters is None:
@@ -224,12 +176,17 @@ class LLMEngine:
         back, and empty the prefix cache (the failed step registered blocks whose KV it may never have written).
         The ids finished. RuntimeError when the KV pool does not come back whole: the state is not to be trusted."""
         ids = list(self.requests)
+        self.counters["step_errors"] += 1
         self.abort_request(ids)
         manager = self.scheduler.block_manager
         if self.scheduler.running or self.scheduler.waiting or manager.num_used_blocks:
             raise RuntimeError(f"after aborting every request {manager.num_used_blocks} KV blocks are still held")
         manager.reset_prefix_cache()
         return ids
+
+    def note_abandoned(self, request_id: str) -> None:
+        """A request aborted before it reached the engine (a server's queue): counted as aborted."""
+        self.counters["aborted"] += 1
 
     def has_unfinished_requests(self) -> bool:
         return bool(self.requests or self._failed)
@@ -251,71 +208,29 @@ class LLMEngine:
                 self.adapters.wait_for_load(_IDLE_LOAD_WAIT_S)
             return failed
         now = time.monotonic()
-        sampling, sampled = self.model_runner.execute(out)
-        tokens = dict(zip(map(id, sampling), sampled.token_ids, strict=True)) if sampled else {}
-        self.scheduler.update(out, [tokens.get(id(seq)) for seq in out.seqs])
+        sampled = self.model_runner.execute(out)
+        self.scheduler.update(out, sampled.token_ids)
+        self._count_step(out, sampled, now)
+        result = self.output_processor.process(out.seqs, sampled, self.requests, time.monotonic())
+        for reason, seqs in result.finished.items():
+            self.scheduler.finish(seqs, reason)
+        return failed + [self._request_output(request) for request in result.touched.values()]
+
+    def _count_step(self, out: SchedulerOutput, sampled: SamplerOutput, now: float) -> None:
         self.counters["steps"] += 1
         self.counters["computed_tokens"] += out.num_batched_tokens
+        self.counters["generated_tokens"] += sum(token is not None for token in sampled.token_ids)
         for seq in out.seqs:
             metrics = self.requests[seq.request_id].metrics
             metrics.first_scheduled_time = metrics.first_scheduled_time or now
-        return failed + self._postprocess(sampling, sampled) if sampled else failed
 
-    def _postprocess(self, sampling: list[Sequence], sampled: SamplerOutput) -> list[RequestOutput]:
-        finished: dict[str, list[Sequence]] = defaultdict(list)
-        touched: dict[str, _Request] = {}
-        now = time.monotonic()
-        for i, seq in enumerate(sampling):
-            if seq.logprobs is not None:
-                seq.logprobs.append(sampled.logprobs[i])
-                seq.cumulative_logprob += sampled.sampled_logprobs[i]
-            reason = self._check_stop(seq, sampled.token_ids[i])
-            if reason is not None:
-                finished[reason].append(seq)
-            request = touched[seq.request_id] = self.requests[seq.request_id]
-            request.metrics.first_token_time = request.metrics.first_token_time or now
-        self.counters["generated_tokens"] += len(sampling)
-        for reason, seqs in finished.items():
-            self.scheduler.finish(seqs, reason)
-        return [self._request_output(request, now) for request in touched.values()]
-
-    def _check_stop(self, seq: Sequence, token_id: int) -> str | None:
-        params = seq.params
-        if token_id in self.eos_token_ids and not params.ignore_eos:
-            return "stop"
-        if token_id in params.stop_token_ids:
-            seq.stop_reason = token_id
-            return "stop"
-        if seq.detokenizer.append(token_id, check_stops=seq.num_output_tokens >= params.min_tokens):
-            seq.stop_reason = seq.detokenizer.stop_string
-            return "stop"
-        if params.max_tokens is not None and seq.num_output_tokens >= params.max_tokens:
-            return "length"
-        if seq.num_tokens >= self.max_model_len:
-            return "length"
-        return None
-
-    def _request_output(self, request: _Request, now: float) -> RequestOutput:
-        done = all(seq.is_finished for seq in request.seqs)
-        outputs = [
-            CompletionOutput(
-                index=seq.index,
-                text=seq.detokenizer.text if seq.is_finished else seq.detokenizer.emittable_text,
-                token_ids=seq.output_token_ids,
-                cumulative_logprob=seq.cumulative_logprob if seq.logprobs is not None else None,
-                logprobs=list(seq.logprobs) if seq.logprobs is not None else None,
-                finish_reason=seq.finish_reason,
-                stop_reason=seq.stop_reason,
-            )
-            for seq in request.seqs
-        ]
-        if done:
-            request.metrics.finished_time = now
+    def _request_output(self, request: Request) -> RequestOutput:
+        """The request's output now; a finished request leaves the engine."""
+        if request.finished:
+            request.metrics.finished_time = time.monotonic()
             del self.requests[request.request_id]
             self.counters["finished"] += 1
-        return RequestOutput(request.request_id, request.prompt, request.prompt_token_ids, outputs, done,
-                             num_cached_tokens=request.seqs[0].num_cached_tokens, metrics=request.metrics,
-                             lora_request=request.lora_request, error=request.error)
+        return self.output_processor.request_output(request)
 
     # ---- adapters
     def _poll_adapters(self) -> list[RequestOutput]:
@@ -336,15 +251,15 @@ class LLMEngine:
         failed, self._failed = self._failed, []
         return failed
 
-    def _waiting_on(self, adapter_id) -> list[_Request]:
+    def _waiting_on(self, adapter_id) -> list[Request]:
         return [r for r in self.requests.values() if r.lora_request is not None and r.lora_request.id == adapter_id
                 and all(seq.status is SequenceStatus.WAITING for seq in r.seqs)]
 
-    def _fail(self, request: _Request, error: AdapterError) -> None:
+    def _fail(self, request: Request, error: AdapterError) -> None:
         logger.warning("request %s fails: %s", request.request_id, error)
         self.scheduler.finish(request.seqs, "error")
         request.error = error
-        self._failed.append(self._request_output(request, time.monotonic()))
+        self._failed.append(self._request_output(request))
 
     def check_adapter_source(self, lora_request: LoRARequest) -> None:
         """Raise ``AdapterSourceNotAllowed`` if the adapter's path is outside the allow-list."""
@@ -379,17 +294,10 @@ class LLMEngine:
             "tokens": {"prompt": self.counters["prompt_tokens"], "generated": self.counters["generated_tokens"],
                        "computed": self.counters["computed_tokens"]},
             "steps": self.counters["steps"],
+            "step_errors": self.counters["step_errors"],
             "preemptions": self.scheduler.num_preemptions,
             **(self.adapters.stats() if self.adapters is not None else _NO_ADAPTERS),
         }
-
-
-MAX_CACHE_SALT_LEN = 256
-
-
-def _check_cache_salt(salt) -> None:
-    if salt is not None and (not isinstance(salt, str) or not 0 < len(salt) <= MAX_CACHE_SALT_LEN):
-        raise ValueError(f"cache_salt must be a non-empty string of at most {MAX_CACHE_SALT_LEN} characters")
 
 
 def _same_source(request: LoRARequest, loaded: LoRARequest | None) -> bool:

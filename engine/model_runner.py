@@ -16,7 +16,6 @@ from engine.host_memory import keep_freed_memory
 from engine.models.loader import load_model
 from engine.sampler import Sampler, SamplerOutput
 from engine.scheduler import SchedulerOutput
-from engine.sequence import Sequence
 
 logger = logging.getLogger(__name__)
 
@@ -70,19 +69,20 @@ class ModelRunner:
                     num_blocks * self.kv_block_bytes / 2**30)
         return num_blocks
 
-    def prepare(self, out: SchedulerOutput) -> tuple[torch.Tensor, BatchMetadata, list[Sequence]]:
-        """Flatten the step: token ids [T], the batch metadata, and the sequences that sample a token.
+    def prepare(self, out: SchedulerOutput) -> tuple[torch.Tensor, BatchMetadata, list[int]]:
+        """Flatten the step: token ids [T], the batch metadata, and for each logits row the index in ``out.seqs``
+        of the sequence that samples from it.
 
         Sequences with adapters are laid out by slot, so each adapter's tokens are one run for the LoRA kernels.
         """
         bs = self.block_size
         input_ids, positions, slots, tables, seq_lens, starts, logits_indices = [], [], [], [], [], [0], []
-        token_slots, sampling = [], []
-        scheduled = list(zip(out.seqs, out.num_new_tokens, strict=True))
+        token_slots, rows = [], []
+        scheduled = list(enumerate(zip(out.seqs, out.num_new_tokens, strict=True)))
         with_lora = any(seq.lora_slot >= 0 for seq in out.seqs)
         if with_lora:
-            scheduled.sort(key=lambda item: item[0].lora_slot)
-        for seq, num_new in scheduled:
+            scheduled.sort(key=lambda item: item[1][0].lora_slot)
+        for index, (seq, num_new) in scheduled:
             first, end = seq.num_computed_tokens, seq.num_computed_tokens + num_new
             table = seq.block_table
             input_ids.extend(seq.token_ids[first:end])
@@ -94,7 +94,7 @@ class ModelRunner:
             starts.append(starts[-1] + num_new)
             if end == seq.num_tokens:  # context complete: its last token's logits pick the next token
                 logits_indices.append(starts[-1] - 1)
-                sampling.append(seq)
+                rows.append(index)
         width = max(len(t) for t in tables)
         padded = [t + [0] * (width - len(t)) for t in tables]
         batch = BatchMetadata(
@@ -106,7 +106,7 @@ class ModelRunner:
             logits_indices=self._tensor(logits_indices, torch.int64),
             token_slots=self._tensor(token_slots, torch.int32) if with_lora else None,
         )
-        return self._tensor(input_ids, torch.int64), batch, sampling
+        return self._tensor(input_ids, torch.int64), batch, rows
 
     def _tensor(self, values: list, dtype: torch.dtype) -> torch.Tensor:
         if self.device.type == "cpu":
@@ -114,11 +114,13 @@ class ModelRunner:
         return torch.tensor(values, dtype=dtype, pin_memory=True).to(self.device, non_blocking=True)
 
     @torch.inference_mode()
-    def execute(self, out: SchedulerOutput) -> tuple[list[Sequence], SamplerOutput | None]:
-        """Run the step's forward pass; sample for the sequences whose context is complete."""
-        input_ids, batch, sampling = self.prepare(out)
+    def execute(self, out: SchedulerOutput) -> SamplerOutput:
+        """Run the step's forward pass and sample for the sequences whose context is complete: one row per
+        scheduled sequence, in the order of ``out.seqs`` (None for one that computed a prompt chunk only)."""
+        input_ids, batch, rows = self.prepare(out)
         hidden = self.model(input_ids, batch)  # [T, hidden]
-        if not sampling:
-            return sampling, None
-        logits = self.model.compute_logits(hidden[batch.logits_indices])  # [num_sampling, vocab]
-        return sampling, self.sampler(logits, sampling)
+        result = SamplerOutput.empty(len(out.seqs))
+        if rows:
+            logits = self.model.compute_logits(hidden[batch.logits_indices])  # [num_sampling, vocab]
+            result.scatter(rows, self.sampler(logits, [out.seqs[i] for i in rows]))
+        return result

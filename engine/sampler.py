@@ -15,9 +15,20 @@ from engine.sequence import Sequence
 
 @dataclass(slots=True)
 class SamplerOutput:
-    token_ids: list[int]
+    token_ids: list[int | None]  # per row; None: the row did not sample (a step's prompt chunk before its last)
     logprobs: list[dict[int, float] | None]  # per row: {token id: logprob}, sampled token first; None if unasked
     sampled_logprobs: list[float | None]
+
+    @classmethod
+    def empty(cls, num_rows: int) -> "SamplerOutput":
+        return cls([None] * num_rows, [None] * num_rows, [None] * num_rows)
+
+    def scatter(self, rows: list[int], sampled: "SamplerOutput") -> None:
+        """Put ``sampled``'s row ``j`` at row ``rows[j]``."""
+        for j, i in enumerate(rows):
+            self.token_ids[i] = sampled.token_ids[j]
+            self.logprobs[i] = sampled.logprobs[j]
+            self.sampled_logprobs[i] = sampled.sampled_logprobs[j]
 
 
 class Sampler:

@@ -6,9 +6,10 @@ prefill and decode phases: a long prompt is split across steps (chunked prefill)
 When the block pool runs dry the newest running sequence is preempted: its blocks are freed and it is
 recomputed later (its own prefix blocks are likely still cached).
 
-With multi-LoRA, ``adapters`` (:class:`engine.lora.admission.AdapterAdmission`) decides which waiting sequences
-may be admitted and in what order (resident adapters first, bounded waiting, loads started for the others); a
-running sequence pins its adapter's slot from admission until it finishes or is preempted.
+Which waiting sequences are tried, in what order, and whether each may join is the admission policy's call
+(:mod:`engine.admission`): first come, first served by default; with multi-LoRA
+:class:`engine.lora.admission.AdapterAdmission` (resident adapters first, bounded waiting, loads started for the
+others; a running sequence pins its adapter's slot from admission until it finishes or is preempted).
 """
 
 import bisect
@@ -16,6 +17,7 @@ from collections import deque
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
+from engine.admission import Decision, FirstComeFirstServed
 from engine.block_manager import BlockManager
 from engine.sequence import Sequence, SequenceStatus
 
@@ -47,9 +49,9 @@ def _arrival(seq: Sequence) -> int:
 
 class Scheduler:
     def __init__(self, block_manager: BlockManager, *, max_num_seqs: int, max_num_batched_tokens: int,
-                 check_invariants: bool = False, adapters=None):
+                 check_invariants: bool = False, admission=None):
         self.block_manager = block_manager
-        self.adapters = adapters  # AdapterAdmission, or None when LoRA is off
+        self.admission = admission or FirstComeFirstServed()
         self.max_num_seqs = max_num_seqs
         self.max_num_batched_tokens = max_num_batched_tokens
         self.check_invariants = check_invariants
@@ -70,10 +72,7 @@ class Scheduler:
         out = SchedulerOutput()
         budget = self._schedule_running(out)
         if not out.preempted:  # short of blocks: admitting more would only preempt again
-            if self.adapters is None:
-                self._schedule_waiting(out, budget)
-            else:
-                self._schedule_waiting_with_adapters(out, budget)
+            self._schedule_waiting(out, budget)
         self.num_steps += 1
         if self.check_invariants:
             self._check(out)
@@ -98,24 +97,14 @@ class Scheduler:
         return budget
 
     def _schedule_waiting(self, out: SchedulerOutput, budget: int) -> None:
-        while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs:
-            seq = self.waiting[0]
-            num_new = self._admit(seq, budget)
-            if num_new == 0:
-                break
-            self.waiting.popleft()
-            bisect.insort(self.running, seq, key=_arrival)
-            out.add(seq, num_new)
-            budget -= num_new
-
-    def _schedule_waiting_with_adapters(self, out: SchedulerOutput, budget: int) -> None:
         admitted = set()
-        for seq in self.adapters.order(self.waiting, self.num_steps):
+        for seq in self.admission.order(self.waiting, self.num_steps):
             if budget <= 0 or len(self.running) >= self.max_num_seqs:
                 break
-            if not self.adapters.may_admit(seq, self.num_steps, self.max_num_seqs - len(self.running)):
-                if self.adapters.hold:
-                    break
+            decision = self.admission.decide(seq, self.num_steps, self.max_num_seqs - len(self.running))
+            if decision is Decision.STOP:
+                break
+            if decision is Decision.SKIP:
                 continue
             num_new = self._admit(seq, budget)
             if num_new == 0:
@@ -129,24 +118,21 @@ class Scheduler:
 
     def _admit(self, seq: Sequence, budget: int) -> int:
         """Give a waiting sequence its cached prefix and blocks for its first chunk; 0 if blocks are short."""
-        if self.adapters is not None:
-            self.adapters.prepare(seq)
+        self.admission.prepare(seq)
         computed = self.block_manager.get_computed_blocks(seq)
         num_cached = len(computed) * self.block_manager.block_size
         num_new = min(seq.num_tokens - num_cached, budget)
         if not self.block_manager.can_allocate(seq, computed, num_new):
             return 0
         self.block_manager.allocate(seq, computed, num_new)
-        if self.adapters is not None:
-            self.adapters.acquire(seq)
+        self.admission.acquire(seq)
         seq.num_computed_tokens = seq.num_cached_tokens = num_cached
         seq.status = SequenceStatus.RUNNING
         return num_new
 
     def _preempt(self, seq: Sequence) -> None:
         self.block_manager.free(seq)
-        if self.adapters is not None:
-            self.adapters.release(seq)
+        self.admission.release(seq)
         seq.num_computed_tokens = 0
         seq.status = SequenceStatus.WAITING
         seq.num_preemptions += 1
@@ -168,8 +154,7 @@ class Scheduler:
         for seq in [*self.running, *self.waiting]:
             if id(seq) in done:
                 self.block_manager.free(seq)
-                if self.adapters is not None:
-                    self.adapters.release(seq)
+                self.admission.release(seq)
                 seq.status = SequenceStatus.FINISHED
                 seq.finish_reason = reason
         self.running = [seq for seq in self.running if id(seq) not in done]
@@ -189,16 +174,4 @@ class Scheduler:
             assert seq.status is SequenceStatus.WAITING and not seq.block_table and seq.num_computed_tokens == 0
             assert seq.lora_slot == -1, f"{seq} pins a slot while waiting"
         self.block_manager.check_invariants(self.running)
-        if self.adapters is not None:
-            self._check_pins()
-
-    def _check_pins(self) -> None:
-        cache = self.adapters.slot_cache
-        pins: dict = {}
-        for seq in self.running:
-            if seq.lora_request is not None:
-                assert seq.lora_slot == cache.slot_of(seq.lora_request.id) >= 0, f"{seq} runs without its slot"
-                pins[seq.lora_request.id] = pins.get(seq.lora_request.id, 0) + 1
-        held = {r.id: r.pinned_by for r in cache.stats().resident if r.pinned_by}
-        assert pins == held, f"running sequences pin {pins}, the slot cache holds {held}"
-        cache.check_invariants()
+        self.admission.check_invariants(self.running)

@@ -1,6 +1,6 @@
-"""``AdapterAdmission``: the scheduler's view of adapters. Which waiting sequences may join the batch, in what order.
+"""``AdapterAdmission``: the admission policy with adapters. Which waiting sequences may join the batch, in what order.
 
-Rules (issue 4, "Scheduler changes"):
+Rules:
 * a waiting sequence whose adapter is not loaded starts its load and is skipped; it never blocks those behind it;
 * at most ``max_loras`` distinct adapters run at once: every running sequence pins its adapter's slot, so a
   sequence whose adapter has no slot and finds none free or evictable waits;
@@ -22,24 +22,24 @@ Rules (issue 4, "Scheduler changes"):
 
 from collections.abc import Iterable
 
+from engine.admission import Decision, FirstComeFirstServed
 from engine.lora.slot_cache import AdapterId, AdapterSlotCache
 from engine.sequence import Sequence, adapter_content_key
 
 _OVERDUE, _READY, _NEEDS_SLOT = 0, 1, 2
 
 
-class AdapterAdmission:
+class AdapterAdmission(FirstComeFirstServed):
     def __init__(self, slot_cache: AdapterSlotCache, *, max_wait_steps: int, max_num_seqs: int):
         self.slot_cache = slot_cache
         self.max_wait_steps = max_wait_steps
         self.seat_share = max(1, max_num_seqs // slot_cache.num_slots)  # seats a slot's group asks for, at most
         self.drained: AdapterId | None = None  # the adapter whose slot is being freed for an overdue sequence
-        self.hold = False  # the oldest overdue sequence waits for seats: admit nobody younger this step
         self._waiting: dict[AdapterId, int] = {}  # admissible waiting sequences per adapter (this step's order)
 
     def order(self, waiting: Iterable[Sequence], step: int) -> list[Sequence]:
         """The waiting sequences that may be admitted this step, in the order to try them; starts missing loads."""
-        self.drained, self.hold = None, False
+        self.drained = None
         tiers: list[tuple[int, int, int, Sequence]] = []
         states: dict[AdapterId, int | None] = {}  # adapter -> tier; None: not admissible now
         first: dict[tuple[int, AdapterId], int] = {}  # (tier, adapter needing a slot) -> its oldest arrival
@@ -75,27 +75,27 @@ class AdapterAdmission:
         cache.request_load(request)  # no-op while loading
         return None
 
-    def may_admit(self, seq: Sequence, step: int, free_seats: int) -> bool:
-        """Whether ``seq`` can get its adapter's slot now (always, for the base model), with ``free_seats``
-        sequences still to admit this step; sets :attr:`hold` when nobody younger may be admitted."""
+    def decide(self, seq: Sequence, step: int, free_seats: int) -> Decision:
+        """Admit ``seq`` when it can get its adapter's slot now (always, for the base model), with ``free_seats``
+        sequences still to admit this step; STOP when the oldest overdue sequence waits for seats (nobody younger
+        may take them)."""
         if seq.lora_request is None:
-            return True
+            return Decision.ADMIT
         adapter_id = seq.lora_request.id
         if adapter_id == self.drained:
-            return False
+            return Decision.SKIP
         overdue = step - seq.arrival_step > self.max_wait_steps
         if self.slot_cache.is_resident(adapter_id):
-            return True
+            return Decision.ADMIT
         if self.slot_cache.can_acquire(adapter_id):
             if free_seats >= min(self._waiting.get(adapter_id, 1), self.seat_share):
-                return True
-            self.hold = overdue
-            return False
+                return Decision.ADMIT
+            return Decision.STOP if overdue else Decision.SKIP
         if self.drained is None and overdue:
             pins = self.slot_cache.pin_counts()
             if pins:  # the least used adapter frees its slot soonest
                 self.drained = min(pins, key=pins.__getitem__)
-        return False
+        return Decision.SKIP
 
     def prepare(self, seq: Sequence) -> None:
         """Key the sequence's prefix-cache blocks by the loaded weights' content hash (before any lookup)."""
@@ -114,3 +114,15 @@ class AdapterAdmission:
         if seq.lora_slot >= 0:
             self.slot_cache.release(seq.lora_request.id)
             seq.lora_slot = -1
+
+    def check_invariants(self, running: list[Sequence]) -> None:
+        """Every running sequence pins its adapter's slot, and the slot cache counts exactly those pins."""
+        cache = self.slot_cache
+        pins: dict = {}
+        for seq in running:
+            if seq.lora_request is not None:
+                assert seq.lora_slot == cache.slot_of(seq.lora_request.id) >= 0, f"{seq} runs without its slot"
+                pins[seq.lora_request.id] = pins.get(seq.lora_request.id, 0) + 1
+        held = {r.id: r.pinned_by for r in cache.stats().resident if r.pinned_by}
+        assert pins == held, f"running sequences pin {pins}, the slot cache holds {held}"
+        cache.check_invariants()

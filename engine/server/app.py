@@ -107,7 +107,7 @@ class AuthAndErrors:
 
 async def health(request: Request) -> Response:
     state = _state(request)
-    if state.engine._error is not None:
+    if state.engine.is_dead:
         return JSONResponse({"status": "dead"}, status_code=503)
     return JSONResponse({"status": "ok"})
 
@@ -120,8 +120,6 @@ async def _stats(state: ServerState) -> dict:
     body = await state.engine.call(lambda engine: engine.stats())
     body["model"] = state.served_model
     body["uptime_s"] = round(time.time() - state.started_at, 1)
-    body["requests"]["finished"] = state.engine.counters.finished
-    body["requests"]["aborted"] = state.engine.counters.aborted
     body["saturated"] = state.engine.saturated()
     body.setdefault("adapters", {"slots": 0, "resident": [], "host_tier": [], "hits": 0, "misses": 0,
                                  "evictions": 0, "load_ms_p50": 0.0})

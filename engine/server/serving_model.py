@@ -33,9 +33,8 @@ class ServingModel:
         self.async_engine = engine
         self.served_name = served_name
         self.lora_enabled = lora_enabled
-        core = engine.engine
-        self.tokenizer = core.tokenizer
-        self.max_model_len = core.max_model_len
+        self.tokenizer = engine.tokenizer
+        self.max_model_len = engine.max_model_len
         self._sources: dict[str, AdapterSource] = {}
 
     # ---------------------------------------------------------------- tokens
@@ -49,7 +48,7 @@ class ServingModel:
             prompt_ids = [list(parsed.prompt_token_ids)]
         else:
             prompt_ids = [self._encode_chat(parsed.messages)]
-        vocab = self.async_engine.engine.model_config.vocab_size
+        vocab = self.async_engine.vocab_size
         param = "prompt_token_ids" if parsed.prompt_token_ids is not None else parsed.prompt_field
         for ids in prompt_ids:
             if not ids:
@@ -107,7 +106,7 @@ class ServingModel:
 
         try:
             request = LoRARequest(name=source.id, id=source.id, path=source.uri, sha256=source.sha256)
-            self.async_engine.engine.check_adapter_source(request)
+            self.async_engine.check_adapter_source(request)
         except ValueError as exc:
             raise bad_request(str(exc), param="adapter") from None
         except Exception as exc:  # noqa: BLE001 - adapter refusals map to protocol statuses

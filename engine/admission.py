@@ -1,0 +1,40 @@
+"""Admission policies: which waiting sequences the scheduler tries to admit each step, and in what order.
+
+The scheduler has one waiting loop; a policy gives it the order (:meth:`order`), says of each sequence whether
+to admit it, pass over it or stop there (:meth:`decide`), and hears what happens to admitted and released
+sequences. :class:`FirstComeFirstServed` is the default; with LoRA the engine uses
+:class:`engine.lora.admission.AdapterAdmission` (and a fair policy when that lands).
+"""
+
+import enum
+from collections.abc import Iterable
+
+from engine.sequence import Sequence
+
+
+class Decision(enum.Enum):
+    ADMIT = "admit"
+    SKIP = "skip"  # not now; those after it may still be admitted
+    STOP = "stop"  # admit nobody else this step
+
+
+class FirstComeFirstServed:
+    """Oldest first, each admitted when its blocks and the budget allow."""
+
+    def order(self, waiting: Iterable[Sequence], step: int) -> Iterable[Sequence]:
+        return waiting
+
+    def decide(self, seq: Sequence, step: int, free_seats: int) -> Decision:
+        return Decision.ADMIT
+
+    def prepare(self, seq: Sequence) -> None:
+        """Before the prefix-cache lookup of a sequence about to be admitted."""
+
+    def acquire(self, seq: Sequence) -> None:
+        """After the sequence got its blocks: it runs from now on."""
+
+    def release(self, seq: Sequence) -> None:
+        """The sequence stopped running (finished, aborted or preempted)."""
+
+    def check_invariants(self, running: list[Sequence]) -> None:
+        """Debug checks at the end of a step."""
