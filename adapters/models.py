@@ -13,7 +13,7 @@ from django.core.validators import RegexValidator
 from django.db import models
 from django.db.models import Q
 
-from adapters.refs import ADAPTER_NAME_PATTERN, MAX_NAME_LENGTH
+from tenants.adapter_names import ADAPTER_NAME_PATTERN, MAX_NAME_LENGTH
 from tenants.models import Tenant
 
 name_validator = RegexValidator(

@@ -3,9 +3,8 @@
 import re
 from dataclasses import dataclass
 
-MAX_NAME_LENGTH = 100
-# No ':' (it separates the version) and nothing that needs escaping in a URL path segment.
-ADAPTER_NAME_PATTERN = r"[A-Za-z0-9][A-Za-z0-9._-]{0,99}"
+from tenants.adapter_names import ADAPTER_NAME_PATTERN
+
 _REF = re.compile(rf"({ADAPTER_NAME_PATTERN})(?::([1-9][0-9]{{0,8}}))?")
 
 

@@ -3,7 +3,7 @@ PostgreSQL text refuses with a 500, or a slash never does). Registered once, on 
 
 from django.urls import register_converter
 
-from adapters.refs import ADAPTER_NAME_PATTERN
+from tenants.adapter_names import ADAPTER_NAME_PATTERN
 
 
 class AdapterNameConverter:

@@ -16,7 +16,7 @@ so that the machine's background load hits both alike:
   (the headline), per round (each gateway block against the direct block next to it), and a 95% interval from
   resampling the rounds (this VM's speed drifts by a tenth within minutes; one block proves little).
 
-Targets (issue 9): under 10 ms added p50 TTFT, under 10% throughput loss. Results go to
+Targets: under 10 ms added p50 TTFT, under 10% throughput loss. Results go to
 ``bench/results/gateway-<time>.json``; the last lines printed compare them with the targets.
 """
 

@@ -4,7 +4,7 @@ Django's ASGI handler costs an API call more than the call itself on a small mac
 ``MiddlewareMixin`` middleware's hooks run through ``sync_to_async`` (fourteen thread hand-offs with the project's
 seven), the request signals and the response's ``close`` are more thread hand-offs, and each streamed chunk
 passes through three wrapping generators. Calls with an API key need none of it: no session, no CSRF cookie,
-no messages, no HTML, and their database work runs on the gateway's own database thread (gateway.db). So
+no messages, no HTML, and their database work runs on the gateway's own database thread (tenants.db_thread). So
 :class:`APIApp` reads the request, resolves its view with Django's URLconf, awaits the view (the same views,
 answering the same ``HttpResponse`` objects) and writes the answer itself; a streamed answer goes from the relay
 to the server with nothing in between. Like Django, it cancels the view when the client disconnects, which is

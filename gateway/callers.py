@@ -7,9 +7,10 @@ to the tenant; its usage rows are marked ``playground``.
 from dataclasses import dataclass
 
 from gateway.errors import GatewayError
+from tenants.access import tenant_access_async
 from tenants.identity import KeyInfo, TenantInfo
 from tenants.key_auth import authenticate_api_key, cached_api_key
-from tenants.models import Membership, Scope, Tenant
+from tenants.models import Scope
 from tenants.selectors import quota_effective_async
 
 
@@ -57,11 +58,10 @@ async def caller_from_session(request, slug: str) -> Caller:
     user = await request.auser()
     if not user.is_authenticated or not user.is_active:
         raise GatewayError(401, "Sign in to use the playground.", code="not_authenticated")
-    tenant = await Tenant.objects.filter(slug=slug).afirst()
-    allowed = tenant is not None and (
-        user.is_staff or await Membership.objects.filter(tenant=tenant, user=user).aexists())
-    if not allowed:
+    access = await tenant_access_async(user=user, slug=slug)
+    if access is None:
         raise GatewayError(404, "No such tenant.", code="not_found")
+    tenant = access.tenant
     if not tenant.is_active:
         raise GatewayError(403, "This tenant is suspended.", code="tenant_suspended")
     quota = await quota_effective_async(tenant=tenant)

@@ -31,8 +31,8 @@ from django.utils import timezone
 
 from gateway import metrics
 from gateway.callers import Caller
-from gateway.db import on_db_thread
 from gateway.targets import Target
+from tenants.db_thread import on_db_thread
 from tenants.limiter import Reservation, hold, settle, until_redis_answers
 from tenants.models import UsageStatus
 from tenants.services import usage_record_create_async, usage_records_create_async
@@ -43,7 +43,7 @@ SETTLE_WAIT_S = 0.5  # the longest an answer waits for its settle (before [DONE]
 ROW_WAIT_S = 2.0  # the longest an answer waits for its usage row (before its end)
 RETRY_FIRST_S, RETRY_MAX_S = 0.25, 10.0  # backoff of rows retried after an outage (settles: the limiter's)
 MAX_ROWS_PER_INSERT = 500
-_DATABASE_DOWN = (OperationalError, InterfaceError)  # gateway.db.DatabaseNotAnswering included
+_DATABASE_DOWN = (OperationalError, InterfaceError)  # tenants.db_thread.DatabaseNotAnswering included
 
 # Strong references to bookkeeping tasks still running (the event loop itself keeps only weak ones).
 _running: set[asyncio.Task] = set()

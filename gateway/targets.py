@@ -14,8 +14,8 @@ from django.conf import settings
 from adapters.refs import parse_adapter_ref
 from adapters.selectors import ServableAdapter, adapter_ready_list_async, adapter_resolve_async
 from gateway.callers import Caller
-from gateway.db import on_db_thread
 from gateway.errors import model_not_found
+from tenants.db_thread import on_db_thread
 
 
 @dataclass(frozen=True, slots=True)

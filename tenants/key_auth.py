@@ -28,6 +28,7 @@ from asgiref.sync import sync_to_async
 from django.db import DatabaseError, InterfaceError, OperationalError, connection
 from django.utils import timezone
 
+from tenants.db_thread import on_db_thread  # the gateway's database thread, with its timeout
 from tenants.identity import AuthFailure, KeyInfo
 from tenants.redis_client import loop_redis
 
@@ -187,8 +188,6 @@ def default_authenticator() -> KeyAuthenticator:
     authenticator = _authenticators.get(loop)
     if authenticator is None:
         from django.conf import settings
-
-        from gateway.db import on_db_thread  # the gateway's database thread, with its timeout
 
         authenticator = KeyAuthenticator(loop_redis(), ttl_s=settings.API_KEY_CACHE_TTL_S, run_query=on_db_thread)
         _authenticators[loop] = authenticator

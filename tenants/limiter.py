@@ -40,6 +40,7 @@ from pathlib import Path
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
+from tenants.db_thread import on_db_thread
 from tenants.identity import TenantInfo
 from tenants.redis_client import loop_redis
 
@@ -281,7 +282,6 @@ async def _usage_table_month_tokens(tenant_id: int, month_start: datetime, next_
 async def _month_tokens_on_gateway_db_thread(tenant_id: int, month_start: datetime, next_month: datetime) -> int:
     """The usage table's month, read on the gateway's database thread (its timeout: a frozen database answers 503
     instead of holding the request)."""
-    from gateway.db import on_db_thread
     from tenants.selectors import usage_tokens_between
 
     return await on_db_thread(usage_tokens_between, tenant_id=tenant_id, start=month_start, end=next_month)

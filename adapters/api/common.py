@@ -11,7 +11,7 @@ from adapters import selectors
 from adapters.api.serializers import ErrorResponseSerializer
 from adapters.errors import AdapterServiceError
 from adapters.models import Adapter
-from tenants.api.access import TenantAccess, access_tenant
+from tenants.access import TenantAccess, access_tenant
 from tenants.api.authentication import KeyPrincipal, ManageKeyAuthentication
 from tenants.models import Role
 

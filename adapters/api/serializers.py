@@ -4,9 +4,9 @@ from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
 from adapters.models import Adapter, AdapterUpload, AdapterVersion, name_validator
-from adapters.refs import ADAPTER_NAME_PATTERN, MAX_NAME_LENGTH
 from adapters.services.adapters import MAX_DESCRIPTION
 from adapters.staging import MAX_FILES
+from tenants.adapter_names import ADAPTER_NAME_PATTERN, MAX_NAME_LENGTH
 
 MAX_BIGINT = 2**63 - 1
 

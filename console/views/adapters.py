@@ -18,10 +18,11 @@ from django.views.decorators.http import require_POST
 from adapters import selectors, services
 from adapters.models import Adapter, AdapterVersion
 from adapters.staging import MAX_FILES
-from console.access import TenantAccess, access_tenant
 from console.views.common import back_to, render_page
 from console.views.overview import share
 from tenants import selectors as tenant_selectors
+from tenants.access import TenantAccess, access_tenant
+from tenants.models import Role
 
 UNFINISHED = (AdapterVersion.Status.UPLOADED, AdapterVersion.Status.VALIDATING)
 POLL_S = 1  # how often a page with a version still validating asks again
@@ -97,7 +98,7 @@ def adapter_detail(request, slug: str, name: str):
 @login_required
 @require_POST
 def adapter_delete(request, slug: str, name: str):
-    access = access_tenant(request, slug, manage=True)
+    access = access_tenant(request, slug, need=Role.ADMIN)
     adapter = _adapter(access, name)
     services.adapter_delete(tenant=access.tenant, adapter=adapter)
     messages.success(request, f"Adapter \u201c{adapter.name}\u201d is deleted: requests naming it fail from now "
@@ -111,7 +112,7 @@ def adapter_delete(request, slug: str, name: str):
 @login_required
 @require_POST
 def version_delete(request, slug: str, name: str, number: int):
-    access = access_tenant(request, slug, manage=True)
+    access = access_tenant(request, slug, need=Role.ADMIN)
     adapter = _adapter(access, name)
     try:
         version = selectors.adapter_version_get(tenant=access.tenant, adapter=adapter, number=number)

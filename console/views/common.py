@@ -2,8 +2,8 @@
 
 from django.shortcuts import redirect, render
 
-from console.access import TenantAccess
 from tenants import selectors
+from tenants.access import TenantAccess
 
 
 def render_page(request, template: str, context: dict | None = None, *, access: TenantAccess | None = None,

@@ -6,8 +6,8 @@ from django.conf import settings
 
 from adapters import selectors as adapter_selectors
 from console import engine_status
-from console.access import operator_required
 from console.views.common import render_page
+from tenants.access import operator_required
 
 REFRESH_S = 5
 

@@ -8,10 +8,11 @@ from django.shortcuts import get_object_or_404
 from django.views.decorators.cache import never_cache
 from django.views.decorators.http import require_http_methods, require_POST
 
-from console.access import access_tenant
 from console.forms import APIKeyCreateForm, add_service_errors
 from console.views.common import back_to, render_page
 from tenants import selectors, services
+from tenants.access import access_tenant
+from tenants.models import Role
 
 
 @never_cache  # the answer to a creation holds a secret: no cache keeps it
@@ -19,7 +20,7 @@ from tenants import selectors, services
 @require_http_methods(["GET", "POST"])
 def keys(request, slug: str):
     """GET: the list. POST: create a key and answer with its secret, which is not stored and never shown again."""
-    access = access_tenant(request, slug, manage=request.method == "POST")
+    access = access_tenant(request, slug, need=Role.ADMIN if request.method == "POST" else Role.MEMBER)
     form = APIKeyCreateForm(request.POST or None) if access.can_manage else None
     created = None
     if request.method == "POST" and form.is_valid():
@@ -47,7 +48,7 @@ def keys(request, slug: str):
 @login_required
 @require_POST
 def revoke(request, slug: str, prefix: str):
-    access = access_tenant(request, slug, manage=True)
+    access = access_tenant(request, slug, need=Role.ADMIN)
     key = get_object_or_404(selectors.api_key_list(tenant=access.tenant), prefix=prefix)
     services.api_key_revoke(tenant=access.tenant, key=key)
     messages.success(request, f"Key \u201c{key.name}\u201d ({key.prefix}) is revoked; it stops working at once.")

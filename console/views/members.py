@@ -10,10 +10,11 @@ from django.utils import timezone
 from django.views.decorators.cache import never_cache
 from django.views.decorators.http import require_POST
 
-from console.access import access_tenant
 from console.forms import InvitationForm, MemberAddForm, RoleForm, add_service_errors
 from console.views.common import back_to, render_page
 from tenants import selectors, services
+from tenants.access import access_tenant
+from tenants.models import Role
 
 
 def _page(request, access, *, invite_form=None, add_form=None, invitation_link: str = ""):
@@ -44,7 +45,7 @@ def invitation_link(request, token: str) -> str:
 @login_required
 @require_POST
 def invite(request, slug: str):
-    access = access_tenant(request, slug, manage=True)
+    access = access_tenant(request, slug, need=Role.ADMIN)
     form = InvitationForm(request.POST)
     if not form.is_valid():
         return _page(request, access, invite_form=form)
@@ -61,7 +62,7 @@ def invite(request, slug: str):
 @require_POST
 def add(request, slug: str):
     """Operators: add an existing account to the tenant."""
-    access = access_tenant(request, slug, manage=True)
+    access = access_tenant(request, slug, need=Role.ADMIN)
     if not access.is_operator:
         raise PermissionDenied("Only operators add existing accounts; admins invite people.")
     form = MemberAddForm(request.POST)
@@ -83,7 +84,7 @@ def add(request, slug: str):
 @login_required
 @require_POST
 def set_role(request, slug: str, pk: int):
-    access = access_tenant(request, slug, manage=True)
+    access = access_tenant(request, slug, need=Role.ADMIN)
     membership = get_object_or_404(selectors.membership_list(tenant=access.tenant), pk=pk)
     form = RoleForm(request.POST)
     try:
@@ -100,7 +101,7 @@ def set_role(request, slug: str, pk: int):
 @login_required
 @require_POST
 def remove(request, slug: str, pk: int):
-    access = access_tenant(request, slug, manage=True)
+    access = access_tenant(request, slug, need=Role.ADMIN)
     membership = get_object_or_404(selectors.membership_list(tenant=access.tenant), pk=pk)
     try:
         services.membership_remove(tenant=access.tenant, membership=membership)
@@ -116,7 +117,7 @@ def remove(request, slug: str, pk: int):
 @login_required
 @require_POST
 def revoke_invitation(request, slug: str, pk: int):
-    access = access_tenant(request, slug, manage=True)
+    access = access_tenant(request, slug, need=Role.ADMIN)
     invitation = get_object_or_404(selectors.invitation_list(tenant=access.tenant), pk=pk)
     services.invitation_revoke(tenant=access.tenant, invitation=invitation)
     messages.success(request, f"The invitation for {invitation.email} is withdrawn.")

@@ -11,10 +11,10 @@ from django.shortcuts import get_object_or_404
 from django.utils import timezone
 from django.views.decorators.http import require_http_methods, require_POST
 
-from console.access import operator_required
 from console.forms import DateRangeForm, QuotaForm, TenantCreateForm, TenantSearchForm, add_service_errors
 from console.views.common import back_to, render_page
 from tenants import selectors, services, usage_days
+from tenants.access import operator_required
 from tenants.models import QUOTA_FIELDS, Tenant
 
 TENANTS_PER_PAGE = 50

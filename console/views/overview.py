@@ -6,9 +6,9 @@ from datetime import UTC
 from django.contrib.auth.decorators import login_required
 from django.utils import timezone
 
-from console.access import access_tenant
 from console.views.common import render_page
 from tenants import selectors, usage_days
+from tenants.access import access_tenant
 
 
 def share(used: int, limit: float) -> float:

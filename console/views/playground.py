@@ -8,9 +8,9 @@ from django.contrib.auth.decorators import login_required
 from django.urls import reverse
 
 from adapters import selectors
-from console.access import access_tenant
 from console.views.common import render_page
 from tenants import selectors as tenant_selectors
+from tenants.access import access_tenant
 
 DEFAULT_MAX_TOKENS = 256  # what the form offers, within the tenant's limit
 

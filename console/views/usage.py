@@ -7,10 +7,10 @@ from django.contrib.auth.decorators import login_required
 from django.http import HttpResponse
 
 from console import charts
-from console.access import access_tenant
 from console.forms import DateRangeForm
 from console.views.common import render_page
 from tenants import usage_days
+from tenants.access import access_tenant
 
 CSV_COLUMNS = ("day", "adapter", "requests", "errors", "cancelled", "prompt_tokens", "completion_tokens",
                "latency_ms_p50", "latency_ms_p95")

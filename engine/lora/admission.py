@@ -14,9 +14,8 @@ Rules:
 * an adapter takes a slot as a group: its waiting sequences are ordered together (at the place of its oldest),
   and it takes a slot only when the batch has seats for ``min(its waiting sequences, max_num_seqs // max_loras)``
   of them. A slot is held until the adapter's last sequence finishes, so a slot taken for the few sequences that
-  fit would run them alone long after the rest of the batch, while whole groups of other adapters wait for it:
-  with 1,024 requests over 32 adapters (``bench.multi_lora``), this is what left 50-step stretches of 20-60
-  sequences between full batches of 256. When the oldest overdue sequence lacks seats, nothing younger is
+  fit would run them alone long after the rest of the batch, while whole groups of other adapters wait for it.
+  When the oldest overdue sequence lacks seats, nothing younger is
   admitted until they are free (the finishing sequences free them), so a big group cannot be passed over for ever.
 """
 

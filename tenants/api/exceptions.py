@@ -1,7 +1,8 @@
-"""Errors of services answer in the standardized error shape: django's ValidationError is a 400, and a row a service
-locks that went away meanwhile (two deletes of the same object at once: the second finds nothing) is a 404."""
+"""Errors of services answer in the standardized error shape: django's ValidationError is a 400, a row a service
+locks that went away meanwhile (two deletes of the same object at once: the second finds nothing) is a 404, and
+django's PermissionDenied (tenants.access, shared with the console) is a 403 that keeps its message."""
 
-from django.core.exceptions import ObjectDoesNotExist
+from django.core.exceptions import ObjectDoesNotExist, PermissionDenied
 from django.core.exceptions import ValidationError as DjangoValidationError
 from drf_standardized_errors.handler import ExceptionHandler
 from rest_framework import exceptions
@@ -14,4 +15,6 @@ class ServiceErrorHandler(ExceptionHandler):
             return exceptions.ValidationError(detail=detail)
         if isinstance(exc, ObjectDoesNotExist):
             return exceptions.NotFound()
+        if isinstance(exc, PermissionDenied):
+            return exceptions.PermissionDenied(*exc.args)
         return super().convert_known_exceptions(exc)

@@ -8,7 +8,7 @@ from django.core.exceptions import ValidationError
 from django.db import transaction
 from django.utils import timezone
 
-from adapters.refs import ADAPTER_NAME_PATTERN
+from tenants.adapter_names import ADAPTER_NAME_PATTERN
 from tenants.key_auth import auth_generation_bump
 from tenants.models import Scope, Tenant, TenantAPIKey
 

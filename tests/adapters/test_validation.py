@@ -1,5 +1,5 @@
 """The on-disk checks of an upload (no database, no S3): good uploads become the normalized folder with its spec
-and digest; every bad input of the issue is refused with its own code and a precise reason."""
+and digest; every bad input below is refused with its own code and a precise reason."""
 
 import hashlib
 import json

@@ -4,7 +4,7 @@ do too."""
 
 import pytest
 
-from gateway.db import close_db_thread_connection
+from tenants.db_thread import close_db_thread_connection
 from tests.support.quota_counters import drop_quota_counters
 
 

@@ -1,9 +1,6 @@
 """Adapters through the gateway to LoRA engines: served by name and name:version to their tenant only, keys
-restricted to adapters, and affinity (one adapter stays on one replica while it is healthy).
-
-These need the stack's engines to serve adapters; until the engine's multi-LoRA server lands they run with
-``--no-enable-lora`` and these tests are skipped, saying so. The refusals that never reach an engine are tested
-without LoRA in test_api.py."""
+restricted to adapters, and affinity (one adapter stays on one replica while it is healthy). The refusals that
+never reach an engine are tested in test_api.py."""
 
 import httpx
 import pytest
@@ -18,15 +15,6 @@ from tests.gateway.helpers import engine_http, gateway_http, tenant_with_key, us
 
 pytestmark = [pytest.mark.stack, pytest.mark.django_db(transaction=True)]
 MESSAGES = [{"role": "user", "content": "the quick cat"}]
-
-
-@pytest.fixture
-def lora_stack(stack):
-    for index in range(len(stack.engine_urls)):
-        with engine_http(stack, index) as engine:
-            if engine.get("/stats").json()["adapters"]["slots"] == 0:
-                pytest.skip("the stack's engines serve no adapters yet (--no-enable-lora until multi-LoRA lands)")
-    return stack
 
 
 def uploaded(stack, tenant, name: str, adapter_dir) -> str:
@@ -44,8 +32,7 @@ def ask(http: httpx.Client, model: str) -> httpx.Response:
                                                 "ignore_eos": True})
 
 
-def test_an_adapter_serves_its_tenant_only_by_name_version_or_not_at_all(lora_stack, served_good_adapter):
-    stack = lora_stack
+def test_an_adapter_serves_its_tenant_only_by_name_version_or_not_at_all(stack, served_good_adapter):
     owner, owner_key = tenant_with_key()
     outsider, outsider_key = tenant_with_key()
     owner_id = uploaded(stack, owner, "support-bot", served_good_adapter)
@@ -72,8 +59,7 @@ def test_an_adapter_serves_its_tenant_only_by_name_version_or_not_at_all(lora_st
     assert [r.adapter for r in usage_rows(outsider, 1)] == ["support-bot"]
 
 
-def test_requests_for_one_adapter_stay_on_its_rendezvous_replica(lora_stack, served_good_adapter):
-    stack = lora_stack
+def test_requests_for_one_adapter_stay_on_its_rendezvous_replica(stack, served_good_adapter):
     tenant, key = tenant_with_key()
     engine_id = uploaded(stack, tenant, "sticky", served_good_adapter)
     home = max(range(len(stack.engine_urls)), key=lambda i: rendezvous_score(engine_id, stack.engine_urls[i]))

@@ -238,12 +238,15 @@ def test_a_connection_whose_read_timed_out_as_its_answer_completed_is_not_reused
     import threading
     import time
 
+    send_last, last_sent = threading.Event(), threading.Event()
+
     def engine(listener):
         first, _ = listener.accept()
         first.recv(65536)
         first.sendall(SSE_HEAD)
-        time.sleep(0.15)  # the last piece comes before the 0.2 s deadline, while the loop is stalled
+        send_last.wait(30)
         first.sendall(chunk(b"hello") + b"0\r\n\r\n")
+        last_sent.set()
         second, _ = listener.accept()  # the next request must come on a new connection
         second.recv(65536)
         second.sendall(b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok")
@@ -251,14 +254,20 @@ def test_a_connection_whose_read_timed_out_as_its_answer_completed_is_not_reused
         first.close()
         second.close()
 
+    def stall():
+        """A stalled event loop: the last piece arrives, then the read deadline passes, before it runs again."""
+        send_last.set()
+        assert last_sent.wait(30)
+        time.sleep(0.7)  # the deadline is 0.5 s after the read began, which was before this ran
+
     async def main():
         listener = socket.create_server(("127.0.0.1", 0))
         threading.Thread(target=engine, args=(listener,), daemon=True).start()
         url = f"http://127.0.0.1:{listener.getsockname()[1]}/x"
-        timeout = httpx.Timeout(connect=1.0, read=0.2, write=1.0, pool=1.0)
+        timeout = httpx.Timeout(connect=1.0, read=0.5, write=1.0, pool=1.0)
         async with httpx.AsyncClient(transport=EngineTransport(max_connections=1), timeout=timeout) as http:
             async with http.stream("POST", url, json={}) as response:
-                asyncio.get_running_loop().call_later(0.1, time.sleep, 0.3)  # a stalled event loop
+                asyncio.get_running_loop().call_soon(stall)  # runs once the read below waits
                 body = b"".join([piece async for piece in response.stream])
             second = await http.post(url, json={})
         listener.close()

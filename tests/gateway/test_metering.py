@@ -124,17 +124,17 @@ def test_rows_finishing_together_are_written_in_one_group_and_a_bad_row_costs_on
 
 
 def test_a_request_running_past_the_slot_ttl_keeps_counting_against_concurrency(settings):
-    settings.QUOTA_SLOT_TTL_S = 1
+    settings.QUOTA_SLOT_TTL_S = 2  # renewed every third of it: a stall of two thirds would let it lapse
     tenant = TenantFactory()
     services.quota_set(tenant=tenant, changes={"max_concurrent_requests": 1})
     caller = caller_of(tenant)
 
     async def scenario():
         meter = await open_meter(caller, "req-long")
-        refusals, deadline = [], time.monotonic() + 3.0  # a stream still running three TTLs later
+        refusals, deadline = [], time.monotonic() + 3 * settings.QUOTA_SLOT_TTL_S  # still running 3 TTLs later
         while time.monotonic() < deadline:
             refusals.append(await reserve(caller.tenant, None, 1, 1))
-            await asyncio.sleep(0.1)
+            await asyncio.sleep(0.2)
         meter.observe({"prompt_tokens": 10, "completion_tokens": 3})
         await meter.finish("ok")
         return refusals, await reserve(caller.tenant, None, 1, 1)

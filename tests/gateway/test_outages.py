@@ -14,8 +14,8 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 from adapters.selectors import adapter_ready_list_async
 from devstack.services import free_port
 from gateway.asgi import APIApp
-from gateway.db import close_db_thread_connection, on_db_thread
 from tenants import services
+from tenants.db_thread import close_db_thread_connection, on_db_thread
 from tenants.limiter import QuotaLimiter, Reservation, reserve, settle
 from tenants.models import UsageRecord
 from tenants.redis_client import loop_redis

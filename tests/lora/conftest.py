@@ -1,8 +1,5 @@
 """Fixtures for the multi-LoRA tests: a tiny random Llama with SmolLM2-135M's projection shapes, its fingerprint,
-and PEFT adapters made from it.
-
-The model builder is temporary here until ``tests/support/tiny_llama.py`` lands.
-"""
+and PEFT adapters made from it."""
 
 import json
 from pathlib import Path

@@ -99,3 +99,12 @@ def test_a_key_of_another_tenant_is_404_even_under_the_callers_own_slug(client_f
     assert client_for("owner").post(path + "revoke/").status_code == 404
     theirs.refresh_from_db()
     assert not theirs.revoked
+
+
+def test_a_refusal_by_role_names_the_role_it_needs(client_for, targets):
+    refusals = [("teammate", "post", "/api/tenants/{slug}/keys/", "Only the tenant's admins may do this."),
+                ("owner", "post", "/api/tenants/{slug}/suspend/", "Only operators may do this."),
+                ("manage_key", "get", "/api/users/", "Only operators may do this.")]
+    for caller, method, path, detail in refusals:
+        response = _call(client_for(caller), method, path, {"name": "n", "scopes": ["inference"]}, targets)
+        assert (response.status_code, response.json()["errors"][0]["detail"]) == (403, detail)

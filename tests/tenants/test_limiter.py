@@ -13,6 +13,9 @@ from tenants.effective_quota import EffectiveQuota
 from tenants.identity import TenantInfo
 from tenants.limiter import QuotaLimiter, Refusal, Reservation, format_duration, month_bounds
 
+# A window (or slot TTL) that the few Redis calls a test makes inside it fit in even on a loaded machine; the test
+# then sleeps past it, and a sleep only ever runs long.
+SHORT_MS = 2000
 QUOTA = dict(requests_per_minute=5, tokens_per_minute=1000, monthly_tokens=10_000, max_concurrent_requests=3,
              default_max_tokens=50, max_tokens_limit=200, max_adapters=1, max_adapter_storage_bytes=1)
 
@@ -156,11 +159,11 @@ def test_window_frees_requests_and_tokens_after_it_passes(redis_db):
     async def scenario(limiter, client):
         quota = dict(requests_per_minute=3, max_concurrent_requests=100)
         first = [await limiter.reserve(tenant(**quota), "k", 1, 1) for _ in range(4)]
-        await asyncio.sleep(0.45)
+        await asyncio.sleep(SHORT_MS / 1000 + 0.05)
         second = [await limiter.reserve(tenant(**quota), "k", 1, 1) for _ in range(4)]
         return first, second, await state(limiter, client, 1, first[0].month)
 
-    first, second, s = run(scenario, window_ms=400)
+    first, second, s = run(scenario, window_ms=SHORT_MS)
     assert [isinstance(r, Reservation) for r in first] == [True, True, True, False]
     assert [isinstance(r, Reservation) for r in second] == [True, True, True, False]
     assert s["requests"] == 3 and s["tokens"] == 6 and len(s["costs"]) == 3  # the old entries are gone
@@ -172,11 +175,11 @@ def test_slot_of_a_request_that_never_settles_expires(redis_db):
         quota = dict(max_concurrent_requests=1)
         held = await limiter.reserve(tenant(**quota), "k", 1, 1)
         blocked = await limiter.reserve(tenant(**quota), "k", 1, 1)
-        await asyncio.sleep(0.35)
+        await asyncio.sleep(SHORT_MS / 1000 + 0.05)
         after = await limiter.reserve(tenant(**quota), "k", 1, 1)
         return held, blocked, after
 
-    held, blocked, after = run(scenario, slot_ttl_ms=300)
+    held, blocked, after = run(scenario, slot_ttl_ms=SHORT_MS)
     assert isinstance(held, Reservation) and isinstance(after, Reservation)
     assert isinstance(blocked, Refusal) and blocked.reason == "max_concurrent_requests"
 
@@ -253,7 +256,7 @@ def test_module_functions_queue_a_burst_larger_than_the_pool(redis_db, settings)
 
 
 def test_a_held_slot_outlives_its_ttl_until_it_is_settled(redis_db):
-    ttl_ms = 1000
+    ttl_ms = SHORT_MS  # renewed every third of it: a stall of two thirds would let it lapse
 
     async def scenario(limiter, client):
         quota = dict(max_concurrent_requests=1)
@@ -262,7 +265,7 @@ def test_a_held_slot_outlives_its_ttl_until_it_is_settled(redis_db):
         refusals, deadline = [], time.monotonic() + 3 * ttl_ms / 1000  # three TTLs of a request still running
         while time.monotonic() < deadline:
             refusals.append(await limiter.reserve(tenant(**quota), "k", 1, 1))
-            await asyncio.sleep(0.1)
+            await asyncio.sleep(0.2)
         await limiter.settle(held, 1, 1)
         await asyncio.wait_for(holding, timeout=30)  # ends by itself once the slot is gone
         return refusals, await limiter.reserve(tenant(**quota), "k", 1, 1)

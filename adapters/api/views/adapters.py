@@ -17,7 +17,7 @@ from adapters.api.common import (
 )
 from adapters.api.serializers import AdapterCreateSerializer, AdapterSerializer, AdapterUpdateSerializer
 from adapters.models import Adapter
-from tenants.api.access import access_tenant
+from tenants.access import access_tenant
 from tenants.api.serializers import validated
 
 

@@ -7,7 +7,7 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from tenants import selectors, services
-from tenants.api.access import access_tenant
+from tenants.access import access_tenant
 from tenants.api.authentication import KeyPrincipal
 from tenants.api.filters import APIKeyFilter
 from tenants.api.serializers import APIKeyCreatedSerializer, APIKeyCreateSerializer, APIKeySerializer, validated

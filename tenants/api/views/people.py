@@ -12,7 +12,7 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from tenants import selectors, services
-from tenants.api.access import OPERATOR, access_tenant, require_operator
+from tenants.access import access_tenant, require_operator
 from tenants.api.authentication import KeyPrincipal
 from tenants.api.filters import MembershipFilter
 from tenants.api.serializers import (
@@ -115,7 +115,7 @@ class MembershipListView(generics.ListAPIView):
     @extend_schema(request=MembershipCreateSerializer, responses={201: MembershipSerializer})
     def post(self, request, slug: str):
         """Add an existing account (operators); tenant admins invite instead."""
-        access = access_tenant(request, slug, need=OPERATOR)
+        access = access_tenant(request, slug, need=selectors.OPERATOR)
         data = validated(MembershipCreateSerializer, request.data)
         user = get_user_model().objects.filter(email__iexact=data["email"]).order_by("id").first()
         if user is None:

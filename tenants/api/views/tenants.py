@@ -6,7 +6,7 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from tenants import selectors, services
-from tenants.api.access import OPERATOR, access_tenant, require_operator
+from tenants.access import access_tenant, require_operator
 from tenants.api.filters import TenantFilter
 from tenants.api.serializers import (
     QuotaChangeSerializer,
@@ -58,7 +58,7 @@ class _TenantStatusView(APIView):
 
     @extend_schema(request=None, responses=TenantSerializer)
     def post(self, request, slug: str):
-        access = access_tenant(request, slug, need=OPERATOR)
+        access = access_tenant(request, slug, need=selectors.OPERATOR)
         tenant = services.tenant_set_status(tenant=access.tenant, status=self.target_status)
         return Response(TenantSerializer(tenant).data)
 
@@ -80,7 +80,7 @@ class QuotaView(APIView):
 
     @extend_schema(request=QuotaUpdateSerializer, responses=QuotaSerializer)
     def patch(self, request, slug: str):
-        access = access_tenant(request, slug, need=OPERATOR)
+        access = access_tenant(request, slug, need=selectors.OPERATOR)
         changes = validated(QuotaUpdateSerializer, request.data)
         services.quota_set(tenant=access.tenant, changes=changes, changed_by=request.user)
         return Response(_quota_body(access.tenant))

@@ -7,7 +7,7 @@ from rest_framework.renderers import JSONRenderer
 from rest_framework.response import Response
 
 from tenants import selectors
-from tenants.api.access import access_tenant, require_operator
+from tenants.access import access_tenant, require_operator
 from tenants.api.filters import OperatorUsageDailyFilter, UsageDailyFilter, UsageRecordFilter
 from tenants.api.renderers import CSVRenderer
 from tenants.api.serializers import UsageDailySerializer, UsageRecordSerializer, UsageSummarySerializer

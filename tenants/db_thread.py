@@ -1,4 +1,6 @@
-"""The gateway's database work (usage rows, adapter lookups) on one long-lived thread with a kept-open connection.
+"""The gateway's database work (usage rows, key and adapter lookups) on one long-lived thread with a kept-open
+connection. It lives in tenants, which the gateway and adapters build on, so that tenants' own gateway-side reads
+(API keys, the month's usage) use it without importing the gateway.
 
 Under ASGI, Django gives every request its own thread for the async ORM, and so its own database connection,
 opened and closed per request: on PostgreSQL a new server process each time, several milliseconds of CPU on a
@@ -22,7 +24,7 @@ from asgiref.sync import ThreadSensitiveContext, sync_to_async
 from django.conf import settings
 from django.db import InterfaceError, OperationalError, connection
 
-logger = logging.getLogger("gateway.db")
+logger = logging.getLogger("tenants.db_thread")
 MAX_STUCK_THREADS = 4
 
 
