@@ -14,8 +14,9 @@ MAX_CACHE_SALT_LEN = 256
 
 class InputProcessor:
     def __init__(self, tokenizer, *, vocab_size: int, max_model_len: int, num_kv_blocks: int, block_size: int,
-                 lora_enabled: bool, device):
+                 lora_enabled: bool, device, structured=None):
         self.tokenizer = tokenizer
+        self.structured = structured  # engine.structured.decoding.StructuredDecoding
         self.vocab_size = vocab_size
         self.max_model_len = max_model_len
         self.num_kv_blocks = num_kv_blocks
@@ -38,6 +39,8 @@ class InputProcessor:
                            arrival_index=next(self._arrivals), lora_request=lora_request, cache_salt=cache_salt,
                            device=self.device)
             seq.detokenizer = IncrementalDetokenizer(self.tokenizer.backend_tokenizer, token_ids, params)
+            if params.structured_outputs is not None:  # compiled once, cached per salt; a matcher per sequence
+                seq.matcher = self.structured.matcher(params.structured_outputs, cache_salt)
             seqs.append(seq)
         return text, token_ids, seqs
 

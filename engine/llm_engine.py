@@ -32,6 +32,7 @@ from engine.sampler import SamplerOutput
 from engine.sampling_params import SamplingParams
 from engine.scheduler import Scheduler, SchedulerOutput
 from engine.sequence import SequenceStatus
+from engine.structured.decoding import StructuredDecoding
 
 logger = logging.getLogger(__name__)
 _IDLE_LOAD_WAIT_S = 0.02
@@ -81,8 +82,10 @@ class LLMEngine:
         self.eos_token_ids = self._eos_token_ids(folder)
         # Adapter slots before the model runner, which sizes the KV cache from the device memory left.
         self.adapters = self._adapter_manager() if config.enable_lora else None
+        self.structured = StructuredDecoding(self.tokenizer, vocab_size=self.model_config.vocab_size,
+                                             eos_token_ids=self.eos_token_ids)
         self.model_runner = ModelRunner(config, self.model_config, folder, max_model_len=self.max_model_len,
-                                        eos_token_ids=tuple(sorted(self.eos_token_ids)))
+                                        eos_token_ids=tuple(sorted(self.eos_token_ids)), structured=self.structured)
         if self.adapters is not None:
             self.model_runner.model.bind_lora(self.adapters.slot_cache)
         self.block_manager = BlockManager(self.model_runner.num_blocks, config.block_size,
@@ -94,7 +97,7 @@ class LLMEngine:
         self.input_processor = InputProcessor(
             self.tokenizer, vocab_size=self.model_config.vocab_size, max_model_len=self.max_model_len,
             num_kv_blocks=self.block_manager.num_blocks, block_size=config.block_size,
-            lora_enabled=self.adapters is not None, device=self.model_runner.device)
+            lora_enabled=self.adapters is not None, device=self.model_runner.device, structured=self.structured)
         self.output_processor = OutputProcessor(self.eos_token_ids, self.max_model_len)
         self.requests: dict[str, Request] = {}
         self._failed: list[RequestOutput] = []  # outputs of requests failed between steps, returned by the next

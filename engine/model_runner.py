@@ -26,7 +26,7 @@ _GPU_ACTIVATION_BYTES_PER_TOKEN = 64 * 2**10
 
 class ModelRunner:
     def __init__(self, config: EngineConfig, model_config: ModelConfig, folder: Path, *, max_model_len: int,
-                 eos_token_ids: tuple[int, ...]):
+                 eos_token_ids: tuple[int, ...], structured=None):
         self.config = config
         self.model_config = model_config
         self.device = config.torch_device
@@ -43,7 +43,7 @@ class ModelRunner:
         self.model.bind_kv_cache(list(self.kv_cache[0]), list(self.kv_cache[1]))
         generator = torch.Generator(device=self.device)
         generator.manual_seed(config.seed)
-        self.sampler = Sampler(eos_token_ids, generator)
+        self.sampler = Sampler(eos_token_ids, generator, structured)
 
     @property
     def kv_block_bytes(self) -> int:

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from engine.outputs import CompletionOutput, RequestMetrics, RequestOutput
 from engine.sampler import SamplerOutput
 from engine.sequence import Sequence
+from engine.structured.decoding import StructuredDecoding
 
 
 @dataclass(slots=True)
@@ -60,6 +61,8 @@ class OutputProcessor:
 
     def _check_stop(self, seq: Sequence, token_id: int) -> str | None:
         params = seq.params
+        if seq.matcher is not None and StructuredDecoding.advance(seq.matcher, token_id):
+            return "stop"  # the constraint is complete and its EOS came
         if token_id in self.eos_token_ids and not params.ignore_eos:
             return "stop"
         if token_id in params.stop_token_ids:

@@ -32,14 +32,17 @@ class SamplerOutput:
 
 
 class Sampler:
-    def __init__(self, eos_token_ids: tuple[int, ...], generator: torch.Generator):
+    def __init__(self, eos_token_ids: tuple[int, ...], generator: torch.Generator, structured=None):
         self.eos_token_ids = list(eos_token_ids)
         self.generator = generator  # unseeded requests; seeded by the engine's seed
+        self.structured = structured  # engine.structured.decoding.StructuredDecoding: masks constrained rows
 
     def __call__(self, logits: torch.Tensor, seqs: list[Sequence]) -> SamplerOutput:  # logits [N, V] float32
         want_logprobs = [i for i, s in enumerate(seqs) if s.params.logprobs is not None]
         raw_logprobs = torch.log_softmax(logits[want_logprobs], dim=-1) if want_logprobs else None
         logits = self._adjust(logits, seqs)
+        if self.structured is not None:
+            self.structured.mask(logits, [s.matcher for s in seqs])
         token_ids = logits.argmax(dim=-1)  # [N]
         random_rows = [i for i, s in enumerate(seqs) if not s.params.is_greedy]
         if random_rows:
@@ -52,11 +55,12 @@ class Sampler:
         return SamplerOutput(token_list, logprobs, sampled)
 
     def _adjust(self, logits: torch.Tensor, seqs: list[Sequence]) -> torch.Tensor:
-        """Penalties and min_tokens (EOS and stop tokens banned until enough tokens came out)."""
+        """Penalties and min_tokens (EOS and stop tokens banned until enough tokens came out; a constrained
+        sequence ends when its constraint says). A copy when anything changes: the raw logits give logprobs."""
         penalized = [i for i, s in enumerate(seqs) if s.params.needs_penalties]
-        banned = [i for i, s in enumerate(seqs) if s.num_output_tokens < s.params.min_tokens]
+        banned = [i for i, s in enumerate(seqs) if s.num_output_tokens < s.params.min_tokens and s.matcher is None]
         if not penalized and not banned:
-            return logits
+            return logits if not any(s.matcher is not None for s in seqs) else logits.clone()
         logits = logits.clone()
         if penalized:
             logits[penalized] = _apply_penalties(logits[penalized], [seqs[i] for i in penalized])

@@ -4,6 +4,8 @@ import math
 import reprlib
 from dataclasses import dataclass
 
+from engine.structured.params import StructuredOutputsParams
+
 
 class SamplingParamError(ValueError):
     """A field of SamplingParams out of its range; ``param`` names the field."""
@@ -25,7 +27,9 @@ class SamplingParams:
     Penalties follow OpenAI (presence, frequency: over generated tokens) and vLLM (repetition: over prompt and
     generated tokens, dividing positive logits). ``seed`` makes a request's samples reproducible whatever else
     is in the batch. ``logprobs=k`` returns the sampled token's and the top-``k`` log-probabilities of the
-    model's raw distribution at each step.
+    model's raw distribution at each step. ``structured_outputs`` constrains the output to a JSON schema, a
+    regex, a choice or a grammar (:class:`engine.structured.StructuredOutputsParams`, vLLM's names): every step
+    masks the tokens the constraint does not allow, and the request ends when the constraint is complete.
     """
 
     n: int = 1
@@ -44,6 +48,7 @@ class SamplingParams:
     ignore_eos: bool = False
     logprobs: int | None = None
     skip_special_tokens: bool = True
+    structured_outputs: StructuredOutputsParams | None = None
 
     def __post_init__(self):
         _check_int("n", self.n, minimum=1)
@@ -71,6 +76,9 @@ class SamplingParams:
                 "min_tokens", f"min_tokens ({self.min_tokens}) must be <= max_tokens ({self.max_tokens})")
         self.stop = _stop_strings(self.stop)
         self.stop_token_ids = _stop_token_ids(self.stop_token_ids)
+        if self.structured_outputs is not None and not isinstance(self.structured_outputs, StructuredOutputsParams):
+            raise SamplingParamError("structured_outputs", "structured_outputs must be an "
+                                                           "engine.structured.StructuredOutputsParams")
         if self.logprobs is not None:
             _check_int("logprobs", self.logprobs, minimum=0)
             if self.logprobs > MAX_LOGPROBS:

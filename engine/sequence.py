@@ -6,7 +6,8 @@ with the same salt (the gateway sends one per tenant), so one tenant cannot time
 Who writes what: the scheduler writes ``status``, ``num_computed_tokens``, ``lora_slot``, ``cache_key`` (the adapter's
 content hash once it is loaded) and ``arrival_step``, and appends sampled tokens; the
 block manager writes ``block_table``, ``block_hashes`` and ``num_hashed_blocks``; the engine's output processor
-writes the detokenizer, logprobs and finish fields. The model runner only reads.
+writes the detokenizer, the constraint's matcher, logprobs and finish fields. The model runner only reads (the
+sampler reads each matcher's allowed tokens).
 """
 
 import enum
@@ -46,7 +47,8 @@ class Sequence:
         "cache_key", "cache_salt", "generator",
         "token_ids", "num_prompt_tokens", "num_computed_tokens", "num_cached_tokens", "status",
         "block_table", "block_hashes", "num_hashed_blocks",
-        "detokenizer", "logprobs", "cumulative_logprob", "finish_reason", "stop_reason", "num_preemptions",
+        "detokenizer", "matcher", "logprobs", "cumulative_logprob", "finish_reason", "stop_reason",
+        "num_preemptions",
     )
 
     def __init__(
@@ -82,6 +84,7 @@ class Sequence:
         self.block_hashes: list[int] = []  # chained hashes of full blocks: tokens, cache_key, cache_salt
         self.num_hashed_blocks = 0  # blocks of block_table already offered to the prefix cache
         self.detokenizer = None
+        self.matcher = None  # the constraint's state (engine.structured), advanced by the output processor
         self.logprobs: list[dict[int, float]] | None = [] if params.logprobs is not None else None
         self.cumulative_logprob = 0.0
         self.finish_reason: str | None = None  # "stop" | "length" | "abort"

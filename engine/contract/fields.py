@@ -16,6 +16,7 @@ COMMON = {
     # the engine's sampling extensions (vLLM's names)
     "ignore_eos": (bool,), "min_tokens": (int,), "top_k": (int,), "min_p": (int, float),
     "repetition_penalty": (int, float), "stop_token_ids": (list, _NONE),
+    "structured_outputs": (dict, _NONE),  # vLLM's: json, regex, choice, grammar, json_object
 }
 COMPLETION = {**COMMON, "prompt": (str, list), "logprobs": (int, _NONE), "echo": (bool, _NONE),
               "best_of": (int, _NONE), "suffix": (str, _NONE)}
@@ -40,3 +41,6 @@ MAX_TOKEN_ID = 2**31 - 1
 MAX_MESSAGES = 2048
 MAX_CACHE_SALT_CHARS = 256
 MESSAGE_ROLES = {"system", "user", "assistant", "developer"}
+# A constraint's size and nesting (a schema's, a grammar's text): bigger ones are refused before any compile.
+MAX_CONSTRAINT_CHARS = 64 * 1024
+MAX_SCHEMA_DEPTH = 32

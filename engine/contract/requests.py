@@ -21,6 +21,7 @@ from engine.contract.errors import (
     ContractError,
     excerpt,
 )
+from engine.structured.params import StructuredOutputsParams, StructuredOutputsParamsError
 
 
 @dataclass(slots=True)
@@ -47,7 +48,7 @@ class OpenAIRequest:
     messages: list[dict] | None  # chat: each message as {"role", "content"} with text content
     prompt_token_ids: list[int] | None  # chat from the gateway: the messages already encoded
     logprobs: int | None  # completions' logprobs, or chat's top_logprobs when logprobs is true
-    sampling: dict[str, Any]  # SamplingParams keyword arguments, max_tokens aside
+    sampling: dict[str, Any]  # SamplingParams keyword arguments, max_tokens aside (structured_outputs included)
     adapter: AdapterSource | None = None
     cache_salt: str | None = None  # the prefix cache is shared only between requests with the same salt
     fairness_key: str | None = None
@@ -92,9 +93,13 @@ def parse_request(kind: str, body: dict, *, trusted: bool = False) -> OpenAIRequ
     if n < 1 or max(1, len(prompts)) * n > F.MAX_CHOICES:
         raise ContractError(f"'n' times the number of prompts must be between 1 and {F.MAX_CHOICES}.", param="n")
     logprobs = _completion_options(body, n) if kind == "completion" else _chat_options(body)
+    sampling = _sampling(body, logprobs)
+    constraint = _constraint(body)
+    if constraint is not None:
+        sampling["structured_outputs"] = constraint
     return OpenAIRequest(
         kind, body, body["model"], stream, include_usage, continuous, max_tokens, budget_field, n, prompts, messages,
-        prompt_ids, logprobs, _sampling(body, logprobs), parse_adapter(body.get("adapter")), _cache_salt(body),
+        prompt_ids, logprobs, sampling, parse_adapter(body.get("adapter")), _cache_salt(body),
         body.get("fairness_key"))
 
 
@@ -227,11 +232,7 @@ def _completion_options(body: dict, n: int) -> int | None:
 
 
 def _chat_options(body: dict) -> int | None:
-    """Chat's top_logprobs (None without logprobs); response_format other than text is refused."""
-    fmt = body.get("response_format")
-    if fmt is not None and fmt.get("type") != "text":
-        raise ContractError("'response_format' other than text is not supported.", param="response_format",
-                            code=UNSUPPORTED_PARAMETER)
+    """Chat's top_logprobs (None without logprobs)."""
     top = body.get("top_logprobs")
     if top is not None and (not body.get("logprobs") or not 0 <= top <= F.MAX_LOGPROBS):
         raise ContractError(f"'top_logprobs' needs 'logprobs': true and 0..{F.MAX_LOGPROBS}.", param="top_logprobs")
@@ -283,3 +284,68 @@ def _cache_salt(body: dict) -> str | None:
     if salt is not None and not 0 < len(salt) <= F.MAX_CACHE_SALT_CHARS:
         raise ContractError(f"'cache_salt' must be 1 to {F.MAX_CACHE_SALT_CHARS} characters.", param="cache_salt")
     return None if salt is None else _text(salt, "cache_salt")
+
+
+def _constraint(body: dict) -> StructuredOutputsParams | None:
+    """The output constraint of ``response_format`` (chat: json_object, json_schema) or vLLM's
+    ``structured_outputs`` (both endpoints), checked for shape and size; the engine compiles it."""
+    fmt, extension = body.get("response_format"), body.get("structured_outputs")
+    fields = _response_format(fmt) if fmt is not None else None
+    if extension is not None:
+        if fields is not None:
+            raise ContractError("Give 'response_format' or 'structured_outputs', not both.", param="structured_outputs")
+        fields, param = dict(extension), "structured_outputs"
+    else:
+        param = "response_format"
+    if fields is None:
+        return None
+    _check_constraint_size(fields, param)
+    try:
+        return StructuredOutputsParams(**fields)
+    except TypeError:
+        unknown = sorted(set(fields) - set(StructuredOutputsParams.__dataclass_fields__) - {"_schema"})
+        raise ContractError(f"Unrecognized argument '{param}.{excerpt(unknown[0] if unknown else '?')}'.",
+                            param=param, code=UNKNOWN_PARAMETER) from None
+    except StructuredOutputsParamsError as exc:
+        raise ContractError(f"{exc}.", param=param if param == "response_format" else exc.param) from None
+
+
+def _response_format(fmt: dict) -> dict | None:
+    """OpenAI's response_format as structured_outputs fields (None for plain text)."""
+    kind = fmt.get("type")
+    if kind == "text" and set(fmt) == {"type"}:
+        return None
+    if kind == "json_object" and set(fmt) == {"type"}:
+        return {"json_object": True}
+    if kind == "json_schema" and set(fmt) == {"type", "json_schema"} and isinstance(fmt["json_schema"], dict):
+        spec = fmt["json_schema"]
+        unknown = set(spec) - {"name", "schema", "strict", "description"}
+        if unknown:
+            raise ContractError(f"Unrecognized argument 'response_format.json_schema.{excerpt(sorted(unknown)[0])}'.",
+                                param="response_format", code=UNKNOWN_PARAMETER)
+        if not isinstance(spec.get("name"), str) or not spec["name"]:
+            raise ContractError("'response_format.json_schema.name' must be a non-empty string.",
+                                param="response_format")
+        if not isinstance(spec.get("schema"), dict):
+            raise ContractError("'response_format.json_schema.schema' must be a JSON Schema object.",
+                                param="response_format")
+        return {"json": spec["schema"]}
+    raise ContractError("'response_format' must be {\"type\": \"text\"}, {\"type\": \"json_object\"} or "
+                        "{\"type\": \"json_schema\", \"json_schema\": {\"name\", \"schema\", \"strict\"}}.",
+                        param="response_format")
+
+
+def _check_constraint_size(fields: dict, param: str) -> None:
+    text = json.dumps(fields, ensure_ascii=False)
+    if len(text) > F.MAX_CONSTRAINT_CHARS:
+        raise ContractError(f"'{param}' is {len(text)} characters; the limit is {F.MAX_CONSTRAINT_CHARS}.",
+                            param=param)
+    if _depth(fields) > F.MAX_SCHEMA_DEPTH:
+        raise ContractError(f"'{param}' nests deeper than {F.MAX_SCHEMA_DEPTH} levels.", param=param)
+
+
+def _depth(value, level: int = 0) -> int:
+    if level > F.MAX_SCHEMA_DEPTH:  # deep enough to refuse: no need to walk further
+        return level
+    children = value.values() if isinstance(value, dict) else value if isinstance(value, list) else ()
+    return max((_depth(child, level + 1) for child in children), default=level)

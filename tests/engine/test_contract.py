@@ -62,3 +62,19 @@ def test_fit_completion_is_the_one_length_check():
     with pytest.raises(ContractError) as full:
         fit_completion([512], None, 512, prompt_field="messages")
     assert full.value.param == "messages"
+
+
+def test_response_format_and_structured_outputs_become_one_constraint():
+    schema = {"type": "object", "properties": {"a": {"type": "integer"}}}
+    by_format = parse_request("chat", {**CHAT, "response_format": {
+        "type": "json_schema", "json_schema": {"name": "x", "schema": schema, "strict": True}}})
+    by_extension = parse_request("completion", {"model": "m", "prompt": "p", "structured_outputs": {"json": schema}})
+    assert by_format.sampling["structured_outputs"].key() == by_extension.sampling["structured_outputs"].key()
+    assert parse_request("chat", {**CHAT, "response_format": {"type": "json_object"}}).sampling[
+        "structured_outputs"].kind == "json_object"
+    assert "structured_outputs" not in parse_request("chat", {**CHAT, "response_format": {"type": "text"}}).sampling
+    deep: dict = {"type": "object"}
+    for _ in range(40):
+        deep = {"type": "object", "properties": {"a": deep}}
+    with pytest.raises(ContractError, match="deeper than"):
+        parse_request("chat", {**CHAT, "structured_outputs": {"json": deep}})

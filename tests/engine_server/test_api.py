@@ -111,7 +111,7 @@ def test_a_chat_sent_as_the_ids_tokenize_gave_answers_as_the_messages_do(engine_
 
 
 @pytest.mark.parametrize("field,value", [("tools", [{"type": "function"}]), ("logit_bias", {"1": 5}),
-                                         ("response_format", {"type": "json_object"}), ("echo", True),
+                                         ("response_format", {"type": "json_schema"}), ("echo", True),
                                          ("frobnicate", 1)])
 def test_unsupported_fields_are_refused_by_name(engine_server, field, value):
     endpoint = "/v1/completions" if field == "echo" else "/v1/chat/completions"

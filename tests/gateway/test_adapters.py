@@ -77,3 +77,29 @@ def test_requests_for_one_adapter_stay_on_its_rendezvous_replica(stack, served_g
     after = finished()
     assert [b - a for a, b in zip(before, after, strict=True)] == [8 if i == home else 0
                                                                    for i in range(len(stack.engine_urls))]
+
+
+def test_structured_outputs_through_the_gateway_with_an_adapter(stack, served_good_adapter):
+    """The openai client's ``chat.completions.parse`` with a Pydantic model, unchanged, through the gateway and
+    a tenant's adapter; a constraint that does not compile is the client's 400."""
+    import openai
+    import pydantic
+
+    from tests.gateway.helpers import openai_client
+
+    class Ticket(pydantic.BaseModel):
+        priority: int = pydantic.Field(ge=1, le=5)
+        team: str = pydantic.Field(pattern="^(billing|support)$")
+
+    tenant, key = tenant_with_key()
+    uploaded(stack, tenant, "triage", served_good_adapter)
+    client = openai_client(stack, key)
+    for model in ("triage", "tiny"):
+        result = client.chat.completions.parse(model=model, messages=MESSAGES, response_format=Ticket,
+                                               max_tokens=200, temperature=0)
+        ticket = result.choices[0].message.parsed
+        assert isinstance(ticket, Ticket) and result.model == model
+    with pytest.raises(openai.BadRequestError) as refused:
+        client.chat.completions.create(model="triage", messages=MESSAGES,
+                                       extra_body={"structured_outputs": {"regex": "(open"}})
+    assert refused.value.body["param"] == "structured_outputs.regex"

@@ -1,0 +1,82 @@
+"""Applying a mask is exact (allowed logits untouched, the rest -inf, only in the named rows), and the batch fill
+writes what the per-row fill writes."""
+
+import pytest
+import torch
+
+from engine.structured import StructuredOutputsParams, allocate_bitmask, apply_bitmask
+from engine.structured.bitmask import allow_only, bitmask_width
+from tests.structured.walk import allowed_ids, matcher_after
+
+VOCAB = 49152
+
+
+def random_bitmask(batch: int, vocab: int, seed: int = 0) -> torch.Tensor:
+    g = torch.Generator().manual_seed(seed)
+    return torch.randint(-2**31, 2**31 - 1, (batch, bitmask_width(vocab)), dtype=torch.int32, generator=g)
+
+
+def unpacked(bitmask: torch.Tensor, width: int) -> torch.Tensor:
+    """[batch, width] bool, True where allowed; the reference the kernel is checked against."""
+    bits = (bitmask.unsqueeze(-1) >> torch.arange(32, dtype=torch.int32)) & 1  # [batch, words, 32]
+    return bits.flatten(1)[:, :width].bool()
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_apply_keeps_allowed_logits_and_sets_the_rest_to_minus_inf_in_the_named_rows_only(dtype):
+    logits = torch.randn(4, VOCAB).to(dtype)  # [batch, vocab]
+    before, bitmask, rows = logits.clone(), random_bitmask(4, VOCAB), [0, 2]
+    apply_bitmask(logits, bitmask, rows)
+    allowed = unpacked(bitmask, VOCAB)
+    for row in rows:
+        assert torch.equal(logits[row][allowed[row]], before[row][allowed[row]])
+        assert torch.isneginf(logits[row][~allowed[row]]).all()
+    assert torch.equal(logits[[1, 3]], before[[1, 3]])
+
+
+def test_apply_masks_logits_wider_than_the_vocabulary():
+    vocab, width = 49152 + 100, 49152 + 200  # a vocabulary that ends mid-word, an lm_head padded past the mask
+    logits = torch.randn(3, width)
+    before, bitmask = logits.clone(), random_bitmask(3, vocab)
+    apply_bitmask(logits, bitmask, [1])
+    covered = 32 * bitmask_width(vocab)
+    assert torch.isneginf(logits[1, covered:]).all()
+    allowed = unpacked(bitmask[1:2], covered)[0]
+    assert torch.equal(logits[1, :covered][allowed], before[1, :covered][allowed])
+    assert torch.equal(logits[[0, 2]], before[[0, 2]])
+
+
+def test_apply_with_no_rows_changes_nothing():
+    logits = torch.randn(2, VOCAB)
+    before = logits.clone()
+    apply_bitmask(logits, torch.zeros(2, bitmask_width(VOCAB), dtype=torch.int32), [])
+    assert torch.equal(logits, before)
+
+
+def test_allocate_and_allow_only_set_exact_bits():
+    bitmask = allocate_bitmask(2, VOCAB)
+    assert bitmask.shape == (2, 1536) and bitmask.dtype == torch.int32 and (bitmask == -1).all()
+    allow_only(bitmask, 1, [2, 31, 63, 49151])  # bit 31 is the sign bit of an int32 word
+    assert allowed_ids(bitmask[1]) == {2, 31, 63, 49151} and (bitmask[0] == -1).all()
+
+
+def test_batch_fill_equals_the_per_row_fill(backend):
+    states = [
+        (StructuredOutputsParams(json_object=True), '{"a": [1, '),
+        (StructuredOutputsParams(regex="[0-9]{2,4}"), "12"),
+        (StructuredOutputsParams(choice=["yes", "no"]), ""),
+        (StructuredOutputsParams(json={"type": "object", "properties": {"n": {"type": "integer"}}}), '{"n": 1'),
+        (StructuredOutputsParams(grammar='start: "a"+ "b"'), "aa"),
+    ]
+    matchers = [matcher_after(backend, params, text) for params, text in states]
+    done = matcher_after(backend, StructuredOutputsParams(choice=["yes", "no"]), "no")
+    assert done.accept_token(backend.tokenizer.eos_token_ids[0])
+    matchers.append(done)
+    rows = [4, 0, 6, 2, 5, 1]  # row 3 belongs to an unconstrained sequence
+    batch = backend.allocate_bitmask(7)
+    backend.fill_bitmask_batch(batch, list(zip(matchers, rows, strict=True)))
+    single = backend.allocate_bitmask(7)
+    for matcher, row in zip(matchers, rows, strict=True):
+        matcher.fill_bitmask(single, row)
+    assert torch.equal(batch, single)
+    assert (batch[3] == -1).all() and allowed_ids(batch[1]) == set(backend.tokenizer.eos_token_ids)
