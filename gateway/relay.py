@@ -171,7 +171,8 @@ class Relay:
                     created = chunk.get("created", created)
                     for delta in chunk.get("choices") or ():
                         _merge_choice(choices.setdefault(delta["index"], {"text": [], "finish_reason": None,
-                                                                          "logprobs": None}), delta)
+                                                                          "logprobs": None, "tool_calls": []}),
+                                      delta)
             status = OK
         except asyncio.CancelledError:
             status = CANCELLED
@@ -206,6 +207,7 @@ def _merge_choice(state: dict, delta: dict) -> None:
     text = delta["delta"].get("content") if "delta" in delta else delta.get("text")
     if text:
         state["text"].append(text)
+    state["tool_calls"].extend(delta.get("delta", {}).get("tool_calls") or ())  # whole calls (engine.server)
     if delta.get("finish_reason"):
         state["finish_reason"] = delta["finish_reason"]
     new = delta.get("logprobs")
@@ -224,7 +226,10 @@ def _response_body(kind: str, meter: Meter, model: str, created: int, choices: d
         state = choices[index]
         text = "".join(state["text"])
         entry = {"index": index}
-        if kind == "chat":
+        if kind == "chat" and state["tool_calls"]:
+            calls = [{key: value for key, value in call.items() if key != "index"} for call in state["tool_calls"]]
+            entry["message"] = {"role": "assistant", "content": text or None, "tool_calls": calls}
+        elif kind == "chat":
             entry["message"] = {"role": "assistant", "content": text}
         else:
             entry["text"] = text

@@ -22,12 +22,12 @@ COMPLETION = {**COMMON, "prompt": (str, list), "logprobs": (int, _NONE), "echo":
               "best_of": (int, _NONE), "suffix": (str, _NONE)}
 CHAT = {**COMMON, "messages": (list,), "logprobs": (bool, _NONE), "top_logprobs": (int, _NONE),
         "max_completion_tokens": (int, _NONE), "response_format": (dict, _NONE), "store": (bool, _NONE),
-        "parallel_tool_calls": (bool, _NONE)}
+        "parallel_tool_calls": (bool, _NONE), "tools": (list, _NONE), "tool_choice": (str, dict, _NONE)}
 # Set by the gateway only. ``prompt_token_ids`` (chat): the messages as /tokenize encoded them, sent instead of
 # the messages so that the engine never encodes a prompt the gateway counted.
 ENGINE_EXTENSIONS = {"adapter": (dict, _NONE), "fairness_key": (str, _NONE), "cache_salt": (str, _NONE)}
 CHAT_ENGINE_EXTENSIONS = {"prompt_token_ids": (list,)}
-UNSUPPORTED = {"tools", "tool_choice", "functions", "function_call", "logit_bias", "audio", "modalities",
+UNSUPPORTED = {"functions", "function_call", "logit_bias", "audio", "modalities",
                "prediction", "web_search_options", "reasoning_effort", "service_tier"}
 SAMPLING = ("temperature", "top_p", "n", "seed", "presence_penalty", "frequency_penalty", "ignore_eos", "min_tokens",
             "top_k", "min_p", "repetition_penalty", "stop_token_ids")
@@ -40,7 +40,7 @@ MAX_PROMPT_TOKEN_IDS = 131_072  # per token-id prompt: past any context this pla
 MAX_TOKEN_ID = 2**31 - 1
 MAX_MESSAGES = 2048
 MAX_CACHE_SALT_CHARS = 256
-MESSAGE_ROLES = {"system", "user", "assistant", "developer"}
+MESSAGE_ROLES = {"system", "user", "assistant", "developer", "tool"}
 # A constraint's size and nesting (a schema's, a grammar's text): bigger ones are refused before any compile.
 MAX_CONSTRAINT_CHARS = 64 * 1024
 MAX_SCHEMA_DEPTH = 32

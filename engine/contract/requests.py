@@ -21,6 +21,7 @@ from engine.contract.errors import (
     ContractError,
     excerpt,
 )
+from engine.contract.tools import ToolRequest, parse_tools
 from engine.structured.params import StructuredOutputsParams, StructuredOutputsParamsError
 
 
@@ -52,6 +53,7 @@ class OpenAIRequest:
     adapter: AdapterSource | None = None
     cache_salt: str | None = None  # the prefix cache is shared only between requests with the same salt
     fairness_key: str | None = None
+    tools: ToolRequest | None = None  # chat: the functions, and the tool_choice
 
     @property
     def num_choices(self) -> int:
@@ -94,13 +96,14 @@ def parse_request(kind: str, body: dict, *, trusted: bool = False) -> OpenAIRequ
         raise ContractError(f"'n' times the number of prompts must be between 1 and {F.MAX_CHOICES}.", param="n")
     logprobs = _completion_options(body, n) if kind == "completion" else _chat_options(body)
     sampling = _sampling(body, logprobs)
-    constraint = _constraint(body)
+    tools = parse_tools(body) if kind == "chat" else None
+    constraint = _constraint(body, tools)
     if constraint is not None:
         sampling["structured_outputs"] = constraint
     return OpenAIRequest(
         kind, body, body["model"], stream, include_usage, continuous, max_tokens, budget_field, n, prompts, messages,
         prompt_ids, logprobs, sampling, parse_adapter(body.get("adapter")), _cache_salt(body),
-        body.get("fairness_key"))
+        body.get("fairness_key"), tools)
 
 
 def fit_completion(prompt_lengths: list[int], max_tokens: int | None, max_model_len: int, *,
@@ -186,7 +189,7 @@ def _messages(value: list) -> list[dict]:
     messages = []
     for i, message in enumerate(value):
         if not isinstance(message, dict) or message.get("role") not in F.MESSAGE_ROLES:
-            raise ContractError(f"messages[{i}] needs a role of system, developer, user or assistant.",
+            raise ContractError(f"messages[{i}] needs a role of system, developer, user, assistant or tool.",
                                 param=f"messages[{i}].role")
         content = message.get("content")
         if isinstance(content, list):  # the array form: only text parts
@@ -195,11 +198,31 @@ def _messages(value: list) -> list[dict]:
                 raise ContractError(f"messages[{i}].content: only text parts are supported.",
                                     param=f"messages[{i}].content")
             content = "".join(p["text"] for p in content)
+        calls = message.get("tool_calls") if message["role"] == "assistant" else None
+        if calls is not None:
+            content = _tool_calls_text(calls, content, i)
         if not isinstance(content, str):
             raise ContractError(f"messages[{i}].content must be a string.", param=f"messages[{i}].content")
         role = "system" if message["role"] == "developer" else message["role"]
-        messages.append({"role": role, "content": _text(content, f"messages[{i}].content")})
+        normalized = {"role": role, "content": _text(content, f"messages[{i}].content")}
+        if calls is not None:
+            normalized["tool_calls"] = calls
+        if role == "tool" and isinstance(message.get("tool_call_id"), str):
+            normalized["tool_call_id"] = message["tool_call_id"]
+        messages.append(normalized)
     return messages
+
+
+def _tool_calls_text(calls, content, i: int) -> str:
+    """An assistant turn's calls as text (what a chat template without a tool format shows), after its content."""
+    if not isinstance(calls, list) or not all(
+            isinstance(c, dict) and isinstance(c.get("function"), dict) and isinstance(c["function"].get("name"), str)
+            and isinstance(c["function"].get("arguments", ""), str) for c in calls):
+        raise ContractError(f"messages[{i}].tool_calls must be a list of function calls.",
+                            param=f"messages[{i}].tool_calls")
+    text = json.dumps([{"name": c["function"]["name"], "arguments": c["function"].get("arguments", "")}
+                       for c in calls], ensure_ascii=False)
+    return f"{content}\n{text}" if isinstance(content, str) and content else text
 
 
 def _stream_options(body: dict, stream: bool) -> tuple[bool, bool]:
@@ -286,17 +309,23 @@ def _cache_salt(body: dict) -> str | None:
     return None if salt is None else _text(salt, "cache_salt")
 
 
-def _constraint(body: dict) -> StructuredOutputsParams | None:
-    """The output constraint of ``response_format`` (chat: json_object, json_schema) or vLLM's
-    ``structured_outputs`` (both endpoints), checked for shape and size; the engine compiles it."""
+def _constraint(body: dict, tools: ToolRequest | None) -> StructuredOutputsParams | None:
+    """The output constraint of ``response_format`` (chat: json_object, json_schema), of vLLM's
+    ``structured_outputs`` (both endpoints) or of a forced tool choice, checked for shape and size; the engine
+    compiles it."""
     fmt, extension = body.get("response_format"), body.get("structured_outputs")
     fields = _response_format(fmt) if fmt is not None else None
+    param = "response_format"
     if extension is not None:
         if fields is not None:
             raise ContractError("Give 'response_format' or 'structured_outputs', not both.", param="structured_outputs")
         fields, param = dict(extension), "structured_outputs"
-    else:
-        param = "response_format"
+    if tools is not None and tools.forced:
+        if fields is not None:
+            raise ContractError(f"A forced 'tool_choice' constrains the output already; drop '{param}'.",
+                                param="tool_choice")
+        # compact JSON: the arguments are re-serialized anyway, and small models loop on free whitespace
+        fields, param = {"json": tools.constraint_schema(), "disable_any_whitespace": True}, "tools"
     if fields is None:
         return None
     _check_constraint_size(fields, param)

@@ -130,11 +130,14 @@ async def stream_events(state: RequestState, outputs: AsyncIterator[tuple[int, o
         first = [{"index": i, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
                   "finish_reason": None} for i in range(request.num_choices)]
         yield chunk(state, first, usage=state.usage() if continuous else None, with_usage_key=continuous)
+    tools = request.tools if request.tools is not None and request.tools.forced else None
     async for prompt_index, completion in outputs:
         choice = choice_delta(state, prompt_index, completion, tokenizer)
         if state.first_token_at is None and state.completion_tokens:
             state.first_token_at = time.monotonic()
             on_first_token()
+        if choice is not None and tools is not None:
+            choice = _tool_call_delta(choice, completion, tools)
         if choice is not None:
             yield chunk(state, [choice], usage=state.usage() if continuous else None, with_usage_key=continuous)
     if request.include_usage:
@@ -153,10 +156,35 @@ def full_response(state: RequestState, finals: dict[int, object], tokenizer) -> 
         if request.logprobs is not None and completion.logprobs:
             logprobs = _logprobs_payload(request.kind, tokenizer, completion.logprobs, request.logprobs)
         finish = _finish_reason(completion.finish_reason) or "stop"
-        if request.kind == "chat":
+        calls = _tool_calls(request, completion)
+        if calls is not None:
+            choices.append({"index": index, "message": {"role": "assistant", "content": None, "tool_calls": calls},
+                            "logprobs": logprobs, "finish_reason": "tool_calls"})
+        elif request.kind == "chat":
             choices.append({"index": index, "message": {"role": "assistant", "content": completion.text},
                             "logprobs": logprobs, "finish_reason": finish})
         else:
             choices.append({"index": index, "text": completion.text, "logprobs": logprobs, "finish_reason": finish})
     return {"id": state.request_id, "object": _object(request.kind, False), "created": state.created,
             "model": request.model, "choices": choices, "usage": state.usage()}
+
+
+def _tool_calls(request: OpenAIRequest, completion) -> list[dict] | None:
+    """The OpenAI tool_calls of a forced tool choice that completed (None otherwise: a call cut by max_tokens
+    comes back as its text, with finish_reason "length")."""
+    tools = request.tools
+    if tools is None or not tools.forced or completion.finish_reason != "stop":
+        return None
+    return tools.tool_calls(completion.text)
+
+
+def _tool_call_delta(choice: dict, completion, tools) -> dict | None:
+    """A forced tool choice streams no content: the calls come in one delta with the finish (OpenAI clients
+    accumulate tool_calls deltas, so whole calls in one delta read the same)."""
+    if choice["finish_reason"] is None:
+        return None if choice["logprobs"] is None else {**choice, "delta": {}}
+    calls = tools.tool_calls(completion.text) if completion.finish_reason == "stop" else None
+    if calls is None:
+        return {**choice, "delta": {"content": completion.text}}
+    deltas = [{"index": i, **call} for i, call in enumerate(calls)]
+    return {**choice, "delta": {"tool_calls": deltas}, "finish_reason": "tool_calls"}

@@ -10,6 +10,7 @@ from concurrent.futures import Future
 
 from engine.async_engine import AsyncEngine
 from engine.contract import AdapterSource, ContractError, OpenAIRequest, fit_completion, parse_adapter
+from engine.contract.tools import ToolRequest
 from engine.server.errors import APIError, bad_request, contract_error
 
 
@@ -47,7 +48,7 @@ class ServingModel:
         elif parsed.prompt_token_ids is not None:
             prompt_ids = [list(parsed.prompt_token_ids)]
         else:
-            prompt_ids = [self._encode_chat(parsed.messages)]
+            prompt_ids = [self._encode_chat(parsed.messages, parsed.tools)]
         vocab = self.async_engine.vocab_size
         param = "prompt_token_ids" if parsed.prompt_token_ids is not None else parsed.prompt_field
         for ids in prompt_ids:
@@ -57,10 +58,21 @@ class ServingModel:
                 raise bad_request(f"'{param}' token ids must be integers in [0, {vocab})", param=param)
         return prompt_ids
 
-    def _encode_chat(self, messages: list[dict]) -> list[int]:
-        if not self.tokenizer.chat_template:
+    def _encode_chat(self, messages: list[dict], tools: ToolRequest | None) -> list[int]:
+        template = self.tokenizer.chat_template
+        if not template:
             raise bad_request("this model has no chat template; use /v1/completions", code="no_chat_template")
-        encoded = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
+        functions = None
+        if tools is not None and tools.choice != "none":
+            if tools.choice == "auto":  # the model's own tool-call format would need a parser per template
+                raise bad_request("tool_choice 'auto' needs a parser of the model's own tool-call format, which this "
+                                  "engine does not have" + ("" if "tools" in template else
+                                                            " (and this model's chat template has none)") +
+                                  ": use tool_choice 'required' or name a function", param="tool_choice",
+                                  code="tool_choice_unsupported")
+            functions = [{"type": "function", "function": tool} for tool in tools.tools]
+        encoded = self.tokenizer.apply_chat_template(messages, tools=functions, add_generation_prompt=True,
+                                                     tokenize=True)
         return list(encoded["input_ids"] if hasattr(encoded, "keys") else encoded)
 
     def sampling_params(self, parsed: OpenAIRequest, prompt_ids: list[list[int]]) -> list:

@@ -12,7 +12,9 @@ REFUSED = [  # (kind, body, param, code): refused alike on both sides
     ("completion", {"model": "m", "prompt": [1, -2]}, "prompt", "invalid_request"),
     ("completion", {"model": "m", "prompt": "x", "stop_token_ids": [-1]}, "stop_token_ids", "invalid_request"),
     ("completion", {"model": "m", "prompt": "x", "echo": True}, "echo", "unsupported_parameter"),
-    ("chat", {**CHAT, "tools": []}, "tools", "unsupported_parameter"),
+    ("chat", {**CHAT, "tools": []}, "tools", "invalid_request"),
+    ("chat", {**CHAT, "logit_bias": {}}, "logit_bias", "unsupported_parameter"),
+    ("chat", {**CHAT, "tool_choice": "required"}, "tool_choice", "invalid_request"),
     ("chat", {**CHAT, "frobnicate": 1}, "frobnicate", "unknown_parameter"),
     ("chat", {**CHAT, "stream": 1}, "stream", "invalid_type"),
     ("chat", {"model": "m"}, "messages", "missing_required_parameter"),
@@ -78,3 +80,49 @@ def test_response_format_and_structured_outputs_become_one_constraint():
         deep = {"type": "object", "properties": {"a": deep}}
     with pytest.raises(ContractError, match="deeper than"):
         parse_request("chat", {**CHAT, "structured_outputs": {"json": deep}})
+
+
+TOOLS = [{"type": "function", "function": {"name": "get_weather", "parameters": {
+    "type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}},
+    {"type": "function", "function": {"name": "now"}}]
+
+
+def test_forced_tool_choices_constrain_the_output_to_calls():
+    required = parse_request("chat", {**CHAT, "tools": TOOLS, "tool_choice": "required", "parallel_tool_calls": False})
+    schema = required.sampling["structured_outputs"].schema
+    assert schema["type"] == "array" and schema["maxItems"] == 1 and len(schema["items"]["anyOf"]) == 2
+    named = parse_request("chat", {**CHAT, "tools": TOOLS,
+                                   "tool_choice": {"type": "function", "function": {"name": "get_weather"}}})
+    assert named.sampling["structured_outputs"].schema == TOOLS[0]["function"]["parameters"]
+    calls = named.tools.tool_calls('{"city": "Tbilisi"}')
+    assert calls[0]["function"] == {"name": "get_weather", "arguments": '{"city": "Tbilisi"}'}
+    assert calls[0]["id"].startswith("call_") and calls[0]["type"] == "function"
+    assert [c["function"]["name"] for c in required.tools.tool_calls('[{"name": "now", "arguments": {}}]')] == ["now"]
+    for choice in ("auto", "none", None):
+        body = {**CHAT, "tools": TOOLS, **({} if choice is None else {"tool_choice": choice})}
+        parsed = parse_request("chat", body)
+        assert "structured_outputs" not in parsed.sampling and parsed.tools.choice == (choice or "auto")
+
+
+@pytest.mark.parametrize("body, param", [
+    ({"tools": TOOLS * 2, "tool_choice": "required"}, "tools"),
+    ({"tools": [{"type": "function", "function": {"name": "bad name"}}]}, "tools[0]"),
+    ({"tools": TOOLS, "tool_choice": {"type": "function", "function": {"name": "missing"}}}, "tool_choice"),
+    ({"tools": TOOLS, "tool_choice": "required", "response_format": {"type": "json_object"}}, "tool_choice"),
+    ({"messages": [{"role": "assistant", "content": None, "tool_calls": [{"function": {}}]}]},
+     "messages[0].tool_calls"),
+])
+def test_bad_tools_are_refused_by_field(body, param):
+    with pytest.raises(ContractError) as caught:
+        parse_request("chat", {**CHAT, **body})
+    assert caught.value.param == param
+
+
+def test_a_conversation_with_tool_calls_and_results_reads_as_text_turns():
+    parsed = parse_request("chat", {"model": "m", "messages": [
+        {"role": "user", "content": "weather?"},
+        {"role": "assistant", "content": None, "tool_calls": [
+            {"id": "call_1", "type": "function", "function": {"name": "get_weather", "arguments": '{"city":"x"}'}}]},
+        {"role": "tool", "tool_call_id": "call_1", "content": "sunny"}]})
+    assert parsed.messages[1]["content"] == '[{"name": "get_weather", "arguments": "{\\"city\\":\\"x\\"}"}]'
+    assert parsed.messages[2] == {"role": "tool", "content": "sunny", "tool_call_id": "call_1"}

@@ -110,7 +110,7 @@ def test_a_chat_sent_as_the_ids_tokenize_gave_answers_as_the_messages_do(engine_
     assert past_vocab.status_code == 400 and past_vocab.json()["error"]["param"] == "prompt_token_ids"
 
 
-@pytest.mark.parametrize("field,value", [("tools", [{"type": "function"}]), ("logit_bias", {"1": 5}),
+@pytest.mark.parametrize("field,value", [("functions", [{"name": "f"}]), ("logit_bias", {"1": 5}),
                                          ("response_format", {"type": "json_schema"}), ("echo", True),
                                          ("frobnicate", 1)])
 def test_unsupported_fields_are_refused_by_name(engine_server, field, value):

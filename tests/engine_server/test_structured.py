@@ -94,3 +94,43 @@ def test_bad_constraints_are_400s_naming_their_field(engine_server, body, param)
         response = http.post("/v1/chat/completions", json={"model": "tiny", "messages": MESSAGES, **body})
     assert response.status_code == 400, response.text
     assert response.json()["error"]["param"] == param, response.json()
+
+
+WEATHER = {"type": "function", "function": {"name": "get_weather", "description": "The weather in a city",
+                                            "parameters": {"type": "object", "properties": {
+                                                "city": {"enum": ["Paris", "Tbilisi"]},
+                                                "days": {"type": "integer", "minimum": 1, "maximum": 7}},
+                                                "required": ["city", "days"], "additionalProperties": False}}}
+CLOCK = {"type": "function", "function": {"name": "now", "parameters": {
+    "type": "object", "properties": {}, "additionalProperties": False}}}
+
+
+@pytest.mark.parametrize("stream", [False, True])
+@pytest.mark.parametrize("tool_choice", ["required", {"type": "function", "function": {"name": "get_weather"}}])
+def test_forced_tool_choices_answer_openai_tool_calls(client, tool_choice, stream):
+    kwargs = dict(model="tiny", messages=MESSAGES, tools=[WEATHER, CLOCK], tool_choice=tool_choice, max_tokens=200,
+                  temperature=1.0, seed=9, parallel_tool_calls=False)
+    if stream:
+        chunks = list(client.chat.completions.create(stream=True, **kwargs))
+        finish = [c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason]
+        calls = [call for c in chunks if c.choices and c.choices[0].delta.tool_calls
+                 for call in c.choices[0].delta.tool_calls]
+        assert all(not (c.choices and c.choices[0].delta.content) for c in chunks)  # no content, only the calls
+    else:
+        choice = client.chat.completions.create(**kwargs).choices[0]
+        finish, calls = [choice.finish_reason], choice.message.tool_calls
+        assert choice.message.content is None
+    assert finish == ["tool_calls"] and len(calls) == 1 and calls[0].id.startswith("call_")
+    name, arguments = calls[0].function.name, json.loads(calls[0].function.arguments)
+    assert name in ({"get_weather", "now"} if tool_choice == "required" else {"get_weather"})
+    if name == "get_weather":
+        jsonschema.validate(arguments, WEATHER["function"]["parameters"])
+
+
+def test_tool_choice_auto_says_why_it_cannot_serve_and_none_answers_text(client):
+    with pytest.raises(openai.BadRequestError) as refused:
+        client.chat.completions.create(model="tiny", messages=MESSAGES, tools=[WEATHER])  # auto: OpenAI's default
+    assert refused.value.body["param"] == "tool_choice" and "required" in refused.value.message
+    text = client.chat.completions.create(model="tiny", messages=MESSAGES, tools=[WEATHER], tool_choice="none",
+                                          max_tokens=4).choices[0]
+    assert text.message.tool_calls is None and text.message.content

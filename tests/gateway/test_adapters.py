@@ -103,3 +103,15 @@ def test_structured_outputs_through_the_gateway_with_an_adapter(stack, served_go
         client.chat.completions.create(model="triage", messages=MESSAGES,
                                        extra_body={"structured_outputs": {"regex": "(open"}})
     assert refused.value.body["param"] == "structured_outputs.regex"
+    strict = {**Ticket.model_json_schema(), "additionalProperties": False}  # as OpenAI's strict tools have it
+    tool = {"type": "function", "function": {"name": "open_ticket", "parameters": strict, "strict": True}}
+    kwargs = dict(model="triage", messages=MESSAGES, tools=[tool], tool_choice="required", max_tokens=200,
+                  parallel_tool_calls=False,
+                  temperature=0)
+    whole = client.chat.completions.create(**kwargs).choices[0]
+    assert whole.finish_reason == "tool_calls" and whole.message.tool_calls[0].function.name == "open_ticket"
+    Ticket.model_validate_json(whole.message.tool_calls[0].function.arguments)
+    streamed = [c.choices[0].delta.tool_calls for c in client.chat.completions.create(stream=True, **kwargs)
+                if c.choices and c.choices[0].delta.tool_calls]
+    assert [call.function.arguments for calls in streamed for call in calls] == [
+        whole.message.tool_calls[0].function.arguments]

@@ -83,9 +83,8 @@ def test_unsupported_fields_are_refused_by_name_before_anything_is_reserved(stac
     tenant, key = tenant_with_key()
     client = openai_client(stack, key)
     with pytest.raises(openai.BadRequestError) as caught:
-        client.chat.completions.create(model="tiny", messages=MESSAGES,
-                                       tools=[{"type": "function", "function": {"name": "f"}}])
-    assert caught.value.body["param"] == "tools" and caught.value.code == "unsupported_parameter"
+        client.chat.completions.create(model="tiny", messages=MESSAGES, logit_bias={"1": 5})
+    assert caught.value.body["param"] == "logit_bias" and caught.value.code == "unsupported_parameter"
     with gateway_http(stack, key) as http:
         response = http.post("/chat/completions", json={"model": "tiny", "messages": MESSAGES, "adapter": {}})
         assert response.status_code == 400 and response.json()["error"]["param"] == "adapter"

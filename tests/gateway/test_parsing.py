@@ -22,9 +22,9 @@ def refusal(kind: str, **body) -> GatewayError:
 CHAT = {"model": "tiny", "messages": [{"role": "user", "content": "hi"}]}
 
 
-@pytest.mark.parametrize("field", ["tools", "tool_choice", "logit_bias", "functions", "response_format_x"])
+@pytest.mark.parametrize("field", ["function_call", "logit_bias", "functions", "response_format_x"])
 def test_unsupported_and_unknown_fields_are_400s_naming_the_field(field):
-    error = refusal("chat", **CHAT, **{field: {"x": 1} if field != "tools" else []})
+    error = refusal("chat", **CHAT, **{field: {"x": 1}})
     assert error.param == field and f"'{field}'" in error.message
     assert error.code == ("unknown_parameter" if field == "response_format_x" else "unsupported_parameter")
 
