@@ -43,12 +43,15 @@ test: model static browser
 lint: install
 	$(VENV)/bin/ruff check .
 
-# Quick mode of every benchmark (about 25 minutes on 2 cores), then the report the README copies.
+# Quick mode of every benchmark (about 25 minutes on 2 cores, plus the peers: vLLM's CPU build and llama.cpp's
+# server, installed once into ~/.cache/lora-platform/bench, the llama.cpp build about 10-20 minutes), then the
+# report the README copies.
 bench: model
 	$(PY) -m bench.throughput --quick
 	$(PY) -m bench.multi_lora --quick
 	$(PY) -m bench.serve --quick
 	$(PY) -m bench.gateway --quick
+	$(PY) -m bench.peers --quick
 	$(PY) -m bench.report
 
 clean-state:

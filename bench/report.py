@@ -3,7 +3,9 @@ peer measured in the same run and its target.
 
 ``python -m bench.report`` (the last step of ``make bench``) writes ``bench/results/REPORT.md`` and
 ``bench/results/summary.png`` (each ratio against its target) and prints the table, which the README's
-"Benchmarks" section copies. A benchmark with no result yet is listed as not run.
+"Benchmarks" section copies. A benchmark with no result yet is listed as not run. The peers section (``python -m
+bench.peers``) follows: each ratio beside the two runs of the same file it came from, then every run, failed ones
+with their reason.
 """
 
 import json
@@ -90,6 +92,63 @@ BENCHMARKS = [("throughput", "python -m bench.throughput", throughput_rows),
               ("gateway", "python -m bench.gateway", gateway_rows)]
 
 
+def _figure(value: float | None, measure: str) -> str:
+    if value is None:
+        return "n/a"
+    return f"{value:.1f} ms" if "ms" in measure else f"{value:.1f}"
+
+
+def _run_figures(run: dict) -> str:
+    if not run.get("ok"):
+        reason = run.get("reason") or (run.get("error", "").strip().splitlines() or ["?"])[-1]
+        return "FAILED: " + reason[:200].replace("|", "/")
+    if "runs" in run:
+        return "; ".join(f"{n} stream{'s' if n != '1' else ''}: TTFT {r['ttft_ms']['p50']:.0f} ms, TPOT "
+                         f"{r['tpot_ms']['p50']:.1f} ms, {r['tok_s']:.1f} tok/s" for n, r in run["runs"].items())
+    return f"{run['tok_s']:.1f} tok/s" + (f" ({run['via']})" if run.get("via") else "")
+
+
+def peers_table(item: tuple[Path, dict] | None) -> list[str]:
+    """The peers section: every ratio beside the two runs it came from, then every run (failures included)."""
+    lines = ["", "## Peers, measured in the same run", ""]
+    if item is None:
+        return lines + ["`python -m bench.peers`: not run."]
+    path, report = item
+    m, w = report["machine"], report["workloads"]
+    lines += [f"From `{path.name}`{' (quick)' if report.get('quick') else ''}: {m['cores']} cores of {m['cpu']} "
+              f"({', '.join(m['bf16']) or 'no native bf16'}), load average {m['load_avg_start'][0]:.1f} at the "
+              f"start. Offline {w['offline']['requests']} requests x {w['offline']['output_tokens']} tokens, adapters "
+              f"{w['adapters']['requests']} x {w['adapters']['output_tokens']} over {report['adapters']['count']} "
+              f"rank-{report['adapters']['rank']} adapters, streams {w['streams']['output_tokens']} tokens. Ratio = "
+              "this engine / the peer run beside it (for TTFT and TPOT lower is better).", "",
+              "| Workload | Precision | Measure | This engine (run) | Peer (run) | Ratio | Target |",
+              "|---|---|---|---|---|---|---|"]
+    for r in report["summary"]["ratios"]:
+        target = "" if r["target"] is None else \
+            f"{'>=' if r['higher_is_better'] else '<='} {r['target']:g} ({'met' if r['met'] else 'not met'})"
+        ratio = "n/a" if r["ratio"] is None else f"{r['ratio']:.2f}"
+        lines.append(f"| {r['workload']} | {r['dtype']} | {r['measure']} | {_figure(r['engine'], r['measure'])} "
+                     f"({r['engine_run']}) | {_figure(r['peer'], r['measure'])} ({r['peer_run']}) | {ratio} | "
+                     f"{target} |")
+    lines += ["", "| System | Workload | Precision | Variant | Result | Start-up |", "|---|---|---|---|---|---|"]
+    for run in report["runs"]:
+        startup = f"{run['startup_s']:.0f} s" if run.get("startup_s") is not None else ""
+        lines.append(f"| {run['system']} | {run['workload']} | {run['dtype']} | {run['variant']} | "
+                     f"{_run_figures(run)} | {startup} |")
+    agreement = [a for a in report["summary"].get("agreement", []) if a["agree"] is not None]
+    if agreement:
+        pairs = "; ".join(f"{a['workload']} {a['dtype']} ({a['peer_run']}) {a['agree']:.0%} of {a['tokens']}"
+                          for a in agreement)
+        lines += ["", f"Greedy agreement with vLLM, positionwise over the first output tokens of each request: {pairs}"]
+    installs = report.get("installs", {})
+    if installs:
+        lines += ["", "Installs: " + "; ".join(
+            f"{name} {'ok' if i['ok'] else 'FAILED'} (this run {i['this_run_s']:.0f} s"
+            + (f", first install {sum(i['seconds'].values()):.0f} s" if i.get("seconds") else "") + ")"
+            for name, i in installs.items())]
+    return lines
+
+
 def cpu_model() -> str:
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
@@ -101,7 +160,7 @@ def cpu_model() -> str:
 
 
 def build(found: dict[str, tuple[Path, dict] | None]) -> str:
-    """The Markdown table of the latest results (``prefix -> (path, report) or None``)."""
+    """The Markdown tables of the latest results (``prefix -> (path, report) or None``); the peers section last."""
     lines = [f"Machine: {os.cpu_count()} CPUs ({cpu_model()}), no GPU; "
              f"Python {platform.python_version()}. Each ratio compares with the peer measured in the same run.", "",
              "| Measure | This platform | Peer (same run) | Ratio | Target | Notes |",
@@ -115,6 +174,7 @@ def build(found: dict[str, tuple[Path, dict] | None]) -> str:
         sources.append(f"`{path.name}`")
         lines.extend("| " + " | ".join(row) + " |" for row in rows(report))
     lines += ["", "Sources: " + ", ".join(sources) if sources else "No results yet: run `make bench`."]
+    lines += peers_table(found.get("peers"))
     return "\n".join(lines) + "\n"
 
 
@@ -135,6 +195,10 @@ def ratios_against_targets(found: dict[str, tuple[Path, dict] | None]) -> list[t
         out.append(("server / offline", report["saturation_vs_offline"], report["target"], True))
     if report := reports.get("gateway"):
         out.append(("gateway tok/s / direct", 1 - report["blocks"]["throughput_c16"]["throughput_loss"], 0.9, True))
+    if report := reports.get("peers"):
+        out += [(r.get("short") or f"{r['workload']} {r['dtype']}: vs {r['peer_run']}", r["ratio"], r["target"],
+                 r["higher_is_better"]) for r in report["summary"]["ratios"]
+                if r["target"] is not None and r["ratio"] is not None]
     return out
 
 
@@ -162,6 +226,7 @@ def plot(points: list[tuple[str, float, float, bool]], path: Path) -> None:
 def main() -> int:
     RESULTS.mkdir(parents=True, exist_ok=True)
     found = {prefix: latest(prefix) for prefix, _, _ in BENCHMARKS}  # each result read once
+    found["peers"] = latest("peers")
     table, points = build(found), ratios_against_targets(found)
     (RESULTS / "REPORT.md").write_text(table)
     if points:
