@@ -1,16 +1,16 @@
 """Offline throughput: this engine vs transformers on one workload, and the engine against its roofline.
 
-``python -m bench.throughput [--quick] [--model NAME_OR_PATH] [--threads N]``
+``python -m bench.throughput [--quick] [--model NAME_OR_PATH] [--threads N] [--dtype D] [--gemm PATH]``
 
 Workload: 64 requests, prompt lengths uniform in 16..256 tokens, 128 output tokens each, greedy, EOS ignored
 (``--quick``: 32 requests, 64 output tokens). Measured in the same run on the same machine:
-  * this engine (``LLM.generate``, continuous batching, defaults);
-  * transformers ``generate`` with static batching (left-padded batches) at several batch sizes, the best
-    one reported, and one request at a time on a subset of 8 (4 with ``--quick``);
+  * this engine (``LLM.generate``, continuous batching, defaults but ``--dtype`` and ``--gemm``);
+  * transformers ``generate`` in the engine's dtype, with static batching (left-padded batches) at several batch
+    sizes, the best one reported, and one request at a time on a subset of 8 (4 with ``--quick``);
   * the roofline of the engine's own schedule: for every step it ran, the time of the weight GEMMs at that
     step's token count (and of the vocabulary projection at its sampled rows), timed here with the model's
-    own weights, plus the KV bytes the step's attention must read at the memory bandwidth measured here
-    (the time to sum a 1 GiB tensor).
+    own weights through the GEMM paths the engine chose, plus the KV bytes the step's attention must read at the
+    memory bandwidth measured here (the time to sum a 1 GiB tensor).
 Every time is taken both by the wall clock and as process CPU time: on a machine shared with other work, run
 ``--threads 1`` and read the CPU-time ratios (2-thread OpenMP regions stall whenever another process holds a
 core, and wall time counts that). Results go to ``bench/results/throughput-<time>.json`` and ``.png``; the last
@@ -26,7 +26,6 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import torch
-import torch.nn.functional as F
 
 RESULTS = Path(__file__).resolve().parent / "results"
 
@@ -88,10 +87,10 @@ def best_of(fn, repeats: int) -> Seconds:
     return Seconds(min(r.wall for r in runs), min(r.cpu for r in runs))
 
 
-def run_engine(model: str, workload: Workload) -> tuple[Seconds, list[StepRecord], object]:
+def run_engine(model: str, workload: Workload, **engine_options) -> tuple[Seconds, list[StepRecord], object]:
     from engine import LLM, SamplingParams
 
-    llm = LLM(model, seed=0)
+    llm = LLM(model, seed=0, **engine_options)
     params = SamplingParams(temperature=0, max_tokens=workload.output_tokens, ignore_eos=True)
     warmup = [list(reversed(p)) for p in workload.prompts[:4]]  # no prefix-cache hits for the measured run
     llm.generate(warmup, SamplingParams(temperature=0, max_tokens=4), use_tqdm=False)
@@ -121,8 +120,8 @@ def run_engine(model: str, workload: Workload) -> tuple[Seconds, list[StepRecord
     return elapsed, [s for s in steps if s.num_tokens], llm
 
 
-def run_transformers_static(folder: Path, workload: Workload, batch_size: int) -> Seconds:
-    model, pad_id = _hf_model(folder)
+def run_transformers_static(folder: Path, workload: Workload, batch_size: int, dtype: torch.dtype) -> Seconds:
+    model, pad_id = _hf_model(folder, dtype)
     return timed(lambda: _static_batches(model, pad_id, workload, batch_size))
 
 
@@ -138,8 +137,8 @@ def _static_batches(model, pad_id: int, workload: Workload, batch_size: int) -> 
         assert out.shape[1] - width == workload.output_tokens
 
 
-def run_transformers_sequential(folder: Path, workload: Workload) -> Seconds:
-    model, pad_id = _hf_model(folder)
+def run_transformers_sequential(folder: Path, workload: Workload, dtype: torch.dtype) -> Seconds:
+    model, pad_id = _hf_model(folder, dtype)
 
     def run():
         for prompt in workload.prompts[: workload.sequential_subset]:
@@ -154,14 +153,14 @@ def run_transformers_sequential(folder: Path, workload: Workload) -> Seconds:
 _HF_MODELS: dict = {}
 
 
-def _hf_model(folder: Path):
-    if folder not in _HF_MODELS:
+def _hf_model(folder: Path, dtype: torch.dtype):
+    if (folder, dtype) not in _HF_MODELS:
         from transformers import AutoModelForCausalLM
 
-        model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
+        model = AutoModelForCausalLM.from_pretrained(folder, dtype=dtype).eval()
         pad = model.generation_config.pad_token_id
-        _HF_MODELS[folder] = (model, pad if pad is not None else 0)
-    return _HF_MODELS[folder]
+        _HF_MODELS[folder, dtype] = (model, pad if pad is not None else 0)
+    return _HF_MODELS[folder, dtype]
 
 
 # ---- roofline
@@ -172,16 +171,17 @@ def memory_bandwidth(num_bytes: int = 2**30, repeats: int = 5) -> Seconds:
 
 
 def projection_seconds(llm, num_tokens: int) -> Seconds:
-    """Every projection of the model (q/k/v, o, gate/up, down of all layers) at ``num_tokens`` rows, with the
-    engine's own weights."""
+    """Every projection of the decoder layers (q/k/v, o, gate/up, down) at ``num_tokens`` rows, with the
+    engine's own weights and GEMM paths."""
     from engine.models.linear import Projection
 
-    projections = [m for m in llm.llm_engine.model_runner.model.modules() if isinstance(m, Projection)]
-    inputs = {p.in_features: torch.randn(num_tokens, p.in_features) for p in projections}
+    runner = llm.llm_engine.model_runner
+    projections = [m for m in runner.model.layers.modules() if isinstance(m, Projection)]
+    inputs = {p.in_features: torch.randn(num_tokens, p.in_features).to(runner.dtype) for p in projections}
 
     def run():
         for p in projections:
-            F.linear(inputs[p.in_features], p.weight, p.bias)
+            p(inputs[p.in_features])
 
     return _best_after_warmup(run, num_tokens)
 
@@ -190,9 +190,9 @@ def vocabulary_seconds(llm, num_rows: int) -> Seconds:
     """The projection to the vocabulary at ``num_rows`` rows (the sampled tokens of a step)."""
     if num_rows == 0:
         return Seconds(0.0, 0.0)
-    model = llm.llm_engine.model_runner.model
-    hidden = torch.randn(num_rows, model.config.hidden_size)
-    return _best_after_warmup(lambda: F.linear(hidden, model.lm_head), num_rows)
+    runner = llm.llm_engine.model_runner
+    hidden = torch.randn(num_rows, runner.model.config.hidden_size).to(runner.dtype)
+    return _best_after_warmup(lambda: runner.model.lm_head(hidden), num_rows)
 
 
 def _best_after_warmup(fn, rows: int) -> Seconds:
@@ -205,7 +205,8 @@ def _best_after_warmup(fn, rows: int) -> Seconds:
 def roofline(llm, steps: list[StepRecord], read_gib: Seconds) -> dict:
     """GEMM time of every step the engine ran plus its KV reads at the measured bandwidth, wall and CPU."""
     config = llm.llm_engine.model_config
-    kv_bytes_per_token = 2 * config.num_layers * config.num_kv_heads * config.head_dim * 4
+    kv_bytes_per_token = (2 * config.num_layers * config.num_kv_heads * config.head_dim
+                          * llm.llm_engine.model_runner.kv_cache.element_size())
     projections = {t: projection_seconds(llm, t) for t in sorted({s.num_tokens for s in steps})}
     vocabulary = {r: vocabulary_seconds(llm, r) for r in sorted({s.num_sampled for s in steps})}
 
@@ -239,24 +240,26 @@ def plot(report: dict, path: Path) -> None:
     ax.bar_label(bars, fmt="%.0f")
     ax.set_ylabel("output tokens / s (wall clock)")
     w, m = report["workload"], report["machine"]
-    ax.set_title(f"{report['model']}: {w['num_requests']} requests, prompts {w['min_prompt']}-{w['max_prompt']}, "
-                 f"{w['output_tokens']} out; {m['threads']} threads, load {m['load_avg_end'][0]:.1f}", fontsize=9)
+    ax.set_title(f"{report['model']} ({report['engine']['stats']['gemm']['dtype']}): {w['num_requests']} requests, "
+                 f"prompts {w['min_prompt']}-{w['max_prompt']}, {w['output_tokens']} out; {m['threads']} threads, "
+                 f"load {m['load_avg_end'][0]:.1f}", fontsize=9)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
 
 
-def measure(model: str, workload: Workload) -> dict:
+def measure(model: str, workload: Workload, **engine_options) -> dict:
     """Everything timed in one run: {name: Seconds} plus the engine's schedule and roofline."""
     from engine.llm_engine import resolve_model_folder
 
     folder = resolve_model_folder(model)
-    engine_time, steps, llm = run_engine(model, workload)
+    engine_time, steps, llm = run_engine(model, workload, **engine_options)
     bound = roofline(llm, steps, memory_bandwidth())
     times = {"engine": engine_time, "roofline": bound["total"]}
+    dtype = llm.llm_engine.model_runner.dtype  # transformers in the same precision
     for size in workload.static_batch_sizes:
-        times[f"transformers_static_{size}"] = run_transformers_static(folder, workload, size)
-    sequential = run_transformers_sequential(folder, workload)
+        times[f"transformers_static_{size}"] = run_transformers_static(folder, workload, size, dtype)
+    sequential = run_transformers_sequential(folder, workload, dtype)
     scale = workload.num_requests / workload.sequential_subset  # the subset's time for the whole workload
     times["transformers_sequential"] = Seconds(sequential.wall * scale, sequential.cpu * scale)
     return {"times": times, "roofline": bound, "steps": len(steps), "stats": llm.llm_engine.stats()}
@@ -299,6 +302,10 @@ def print_report(report: dict, stem: Path) -> None:
     print(f"roofline {r['gemm']['wall'] + r['kv_reads']['wall']:.1f} s wall = GEMMs {r['gemm']['wall']:.1f} s + "
           f"{r['kv_gib_read']:.1f} GiB of KV reads {r['kv_reads']['wall']:.1f} s; "
           f"engine {report['seconds']['engine']['wall']:.1f} s wall ({report['engine']['steps']} steps)")
+    gemm = report["engine"]["stats"]["gemm"]
+    print(f"{gemm['dtype']}, GEMM paths ({gemm['source']}): " + "; ".join(
+        f"{name} " + ", ".join(f"{band['path']} M<={band['max_tokens']}" for band in bands)
+        for name, bands in gemm["bands"].items()))
     d = report["decode_steps"]
     print(f"decode steps: {d['count']}, engine {d['engine']['wall']:.1f} s vs their GEMMs {d['gemm']['wall']:.1f} s")
     for kind in ("cpu", "wall"):
@@ -317,6 +324,8 @@ def main(argv=None) -> dict:
     parser.add_argument("--quick", action="store_true", help="smaller workload, one static batch size (< 3 min)")
     parser.add_argument("--model", default="smollm2-135m-instruct")
     parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's choice)")
+    parser.add_argument("--dtype", default="auto", help="the engine's (and transformers') precision")
+    parser.add_argument("--gemm", default="auto", help="the engine's GEMM path (auto: chosen per machine)")
     args = parser.parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -325,7 +334,8 @@ def main(argv=None) -> dict:
     vocab = json.loads((resolve_model_folder(args.model) / "config.json").read_text())["vocab_size"]
     workload = make_workload(args.quick, vocab)
     load_start = os.getloadavg()
-    report = summarize(args.model, workload, measure(args.model, workload), torch.get_num_threads(), load_start)
+    measured = measure(args.model, workload, dtype=args.dtype, gemm=args.gemm)
+    report = summarize(args.model, workload, measured, torch.get_num_threads(), load_start)
     RESULTS.mkdir(parents=True, exist_ok=True)
     stem = RESULTS / f"throughput-{time.strftime('%Y%m%d-%H%M%S')}{'-quick' if args.quick else ''}"
     stem.with_suffix(".json").write_text(json.dumps(report, indent=2))

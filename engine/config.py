@@ -7,10 +7,13 @@ from pathlib import Path
 
 import torch
 
+from engine.cpu_info import cpu_info
+
 _MEMORY = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([KMGT]i?B|B)?\s*$", re.IGNORECASE)
 _UNITS = {"b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
           "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}
 _DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+GEMM_MODES = ("auto", "torch", "onednn")
 MAX_LORA_RANK = 512
 
 
@@ -47,6 +50,8 @@ class EngineConfig:
     num_kv_blocks: int | None = None
     enable_prefix_caching: bool = True
     dtype: str = "auto"
+    kv_cache_dtype: str = "auto"  # "auto": the model's dtype
+    gemm: str = "auto"  # "auto": time each GEMM path at start-up (cached on disk); a path name: always that one
     device: str = "auto"
     seed: int = 0
     check_invariants: bool = False
@@ -77,8 +82,11 @@ class EngineConfig:
             parse_memory(self.kv_cache_memory, "kv_cache_memory")
         if not 0.0 < self.gpu_memory_utilization <= 1.0:
             raise ValueError(f"gpu_memory_utilization must be in (0, 1], got {self.gpu_memory_utilization}")
-        if self.dtype != "auto" and self.dtype not in _DTYPES:
-            raise ValueError(f"dtype must be 'auto' or one of {sorted(_DTYPES)}, got {self.dtype!r}")
+        for name in ("dtype", "kv_cache_dtype"):
+            if getattr(self, name) != "auto" and getattr(self, name) not in _DTYPES:
+                raise ValueError(f"{name} must be 'auto' or one of {sorted(_DTYPES)}, got {getattr(self, name)!r}")
+        if self.gemm not in GEMM_MODES:
+            raise ValueError(f"gemm must be one of {GEMM_MODES}, got {self.gemm!r}")
         if self.device not in ("auto", "cpu") and not self.device.startswith("cuda"):
             raise ValueError(f"device must be 'auto', 'cpu' or 'cuda[:N]', got {self.device!r}")
         self._validate_lora()
@@ -114,12 +122,19 @@ class EngineConfig:
         return torch.device(self.device)
 
     def torch_dtype(self, model_config: "ModelConfig") -> torch.dtype:
-        """fp32 on CPU for ``auto`` (these CPUs have no fast bf16); the checkpoint's dtype on CUDA."""
+        """The model's dtype. ``auto``: on CPU bf16 where the cores have native bf16 dot products (AVX-512 BF16
+        or AMX), else fp32 (emulated bf16 is no faster); on CUDA the checkpoint's half type, bf16 for fp32 ones."""
         if self.dtype != "auto":
             return _DTYPES[self.dtype]
         if self.torch_device.type == "cpu":
-            return torch.float32
+            return torch.bfloat16 if cpu_info().has_native_bf16 else torch.float32
         return model_config.checkpoint_dtype if model_config.checkpoint_dtype != torch.float32 else torch.bfloat16
+
+    def kv_cache_torch_dtype(self, model_config: "ModelConfig") -> torch.dtype:
+        """The KV cache's dtype: the model's unless ``kv_cache_dtype`` says otherwise."""
+        if self.kv_cache_dtype != "auto":
+            return _DTYPES[self.kv_cache_dtype]
+        return self.torch_dtype(model_config)
 
 
 @dataclass(slots=True, frozen=True)

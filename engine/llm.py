@@ -21,7 +21,8 @@ class LLM:
 
     ``model`` is an HF folder or a known model name (``smollm2-135m-instruct``). Every other keyword is an
     ``EngineConfig`` field (``block_size``, ``max_num_seqs``, ``max_num_batched_tokens``, ``kv_cache_memory``,
-    ``gpu_memory_utilization``, ``enable_prefix_caching``, ``dtype``, ``device``, ``seed``, ...).
+    ``gpu_memory_utilization``, ``enable_prefix_caching``, ``dtype``, ``kv_cache_dtype``, ``gemm``, ``device``,
+    ``seed``, ...). ``dtype="auto"`` is bf16 on CPUs with native bf16 dot products and on CUDA, else fp32.
     """
 
     def __init__(self, model: str, **engine_kwargs):

@@ -299,6 +299,7 @@ class LLMEngine:
             "steps": self.counters["steps"],
             "step_errors": self.counters["step_errors"],
             "preemptions": self.scheduler.num_preemptions,
+            "gemm": self.model_runner.gemm.stats(),  # dtype and the GEMM path of each projection per band of M
             **(self.adapters.stats() if self.adapters is not None else _NO_ADAPTERS),
         }
 

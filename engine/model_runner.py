@@ -13,6 +13,7 @@ import torch
 from engine.batch_metadata import BatchMetadata
 from engine.config import EngineConfig, ModelConfig, parse_memory
 from engine.host_memory import keep_freed_memory
+from engine.models.gemm_choice import choose_gemm
 from engine.models.loader import load_model
 from engine.sampler import Sampler, SamplerOutput
 from engine.scheduler import SchedulerOutput
@@ -31,15 +32,22 @@ class ModelRunner:
         self.model_config = model_config
         self.device = config.torch_device
         self.dtype = config.torch_dtype(model_config)
+        self.kv_cache_dtype = config.kv_cache_torch_dtype(model_config)
+        if self.device.type == "cuda" and self.kv_cache_dtype != self.dtype:
+            raise ValueError(f"kv_cache_dtype {config.kv_cache_dtype} differs from the model's {self.dtype}: only "
+                             "the CPU kernels read a KV cache of another dtype")
         self.block_size = config.block_size
         if self.device.type == "cpu":
             keep_freed_memory()
         self.model = load_model(folder, model_config, dtype=self.dtype, device=self.device,
                                 max_positions=max_model_len)
+        self.gemm = choose_gemm(self.model, mode=config.gemm, dtype=self.dtype, device=self.device,
+                                max_num_batched_tokens=config.max_num_batched_tokens,
+                                max_num_seqs=config.max_num_seqs)
         self.num_blocks = self._num_kv_blocks(max_model_len)
         shape = (2, model_config.num_layers, self.num_blocks, self.block_size, model_config.num_kv_heads,
                  model_config.head_dim)
-        self.kv_cache = torch.zeros(shape, dtype=self.dtype, device=self.device)  # [2, L, blocks, bs, Hkv, D]
+        self.kv_cache = torch.zeros(shape, dtype=self.kv_cache_dtype, device=self.device)  # [2, L, blocks, bs, Hkv, D]
         self.model.bind_kv_cache(list(self.kv_cache[0]), list(self.kv_cache[1]))
         generator = torch.Generator(device=self.device)
         generator.manual_seed(config.seed)
@@ -48,7 +56,7 @@ class ModelRunner:
     @property
     def kv_block_bytes(self) -> int:
         c = self.model_config
-        return 2 * c.num_layers * self.block_size * c.num_kv_heads * c.head_dim * self.dtype.itemsize
+        return 2 * c.num_layers * self.block_size * c.num_kv_heads * c.head_dim * self.kv_cache_dtype.itemsize
 
     def _num_kv_blocks(self, max_model_len: int) -> int:
         if self.config.num_kv_blocks is not None:
@@ -65,8 +73,8 @@ class ModelRunner:
         num_blocks = budget // self.kv_block_bytes
         if num_blocks < 1:
             raise ValueError(f"KV cache budget of {budget} bytes holds no block of {self.kv_block_bytes} bytes")
-        logger.info("KV cache: %d blocks of %d tokens (%.2f GiB)", num_blocks, self.block_size,
-                    num_blocks * self.kv_block_bytes / 2**30)
+        logger.info("KV cache: %d blocks of %d tokens (%.2f GiB, %s)", num_blocks, self.block_size,
+                    num_blocks * self.kv_block_bytes / 2**30, str(self.kv_cache_dtype).removeprefix("torch."))
         return num_blocks
 
     def prepare(self, out: SchedulerOutput) -> tuple[torch.Tensor, BatchMetadata, list[int]]:

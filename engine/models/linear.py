@@ -1,4 +1,5 @@
-"""The one linear layer every projection of the model goes through (fused or not), LoRA included."""
+"""The one linear layer every projection of the model goes through (fused or not, the vocabulary's too), LoRA
+included."""
 
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -9,6 +10,7 @@ from torch import nn
 
 import kernels
 from engine.batch_metadata import BatchMetadata
+from engine.models.gemm import LinearKernel
 
 
 @dataclass(frozen=True, slots=True)
@@ -42,9 +44,13 @@ class Projection(nn.Module):
     and sizes so weights load by name and adapters know which columns of ``y`` belong to which projection. The
     LoRA part runs only when the step has tokens with an adapter (``batch.token_slots``): one shrink and one
     expand through ``kernels`` for the whole fused projection.
+
+    The base GEMM is ``F.linear`` until :meth:`use_kernel` binds the path chosen for this machine
+    (``engine.models.gemm_choice``). An empty ``prefix`` names the slices alone (``lm_head``).
     """
 
-    def __init__(self, prefix: str, in_features: int, slices: Sequence[tuple[str, int]], bias: bool):
+    def __init__(self, prefix: str, in_features: int, slices: Sequence[tuple[str, int]], bias: bool,
+                 weight: nn.Parameter | None = None):
         super().__init__()
         offsets, offset = [], 0
         for name, size in slices:
@@ -54,9 +60,14 @@ class Projection(nn.Module):
         self.in_features = in_features
         self.out_features = offset
         self.output_slices: tuple[OutputSlice, ...] = tuple(offsets)
-        self.weight = nn.Parameter(torch.empty(offset, in_features), requires_grad=False)  # [out, in]
+        if weight is None:
+            weight = nn.Parameter(torch.empty(offset, in_features), requires_grad=False)
+        elif weight.shape != (offset, in_features):
+            raise ValueError(f"{prefix}: weight {tuple(weight.shape)} is not [{offset}, {in_features}]")
+        self.weight = weight  # [out, in]; given: shared with another module (a tied lm_head's embedding)
         self.bias = nn.Parameter(torch.empty(offset), requires_grad=False) if bias else None  # [out]
         self.lora: LoRAWeights | None = None
+        self.kernel: LinearKernel | None = None
 
     @property
     def module_names(self) -> tuple[str, ...]:
@@ -64,7 +75,7 @@ class Projection(nn.Module):
 
     def forward(self, x: torch.Tensor, batch: BatchMetadata | None = None) -> torch.Tensor:
         # x: [num_tokens, in] -> [num_tokens, out]
-        y = F.linear(x, self.weight, self.bias)
+        y = F.linear(x, self.weight, self.bias) if self.kernel is None else self.kernel(x)
         if self.lora is not None and batch is not None and batch.token_slots is not None:
             self._add_lora(x, y, batch.token_slots)
         return y
@@ -76,13 +87,21 @@ class Projection(nn.Module):
         slices = tuple(piece.size for piece in self.output_slices) if num_parts > 1 else None
         kernels.lora_expand(y, h, lora.lora_b, token_slots, lora.scales, slot_ranks=lora.slot_ranks, slices=slices)
 
+    def use_kernel(self, kernel: LinearKernel) -> None:
+        """Run the base GEMM through ``kernel`` from now on. The plain weight is let go when no band of the kernel
+        uses it: a prepacked copy holds the same numbers, and keeping both would double the model's memory."""
+        self.kernel = kernel
+        if "torch" not in kernel.paths:
+            self.weight = None
+
     def hf_names(self) -> dict[str, tuple[nn.Parameter, int, int]]:
         """HF tensor name -> (parameter, first row, rows) for the loader."""
         names = {}
         for piece in self.output_slices:
-            names[f"{self.prefix}.{piece.name}.weight"] = (self.weight, piece.offset, piece.size)
+            name = f"{self.prefix}.{piece.name}" if self.prefix else piece.name
+            names[f"{name}.weight"] = (self.weight, piece.offset, piece.size)
             if self.bias is not None:
-                names[f"{self.prefix}.{piece.name}.bias"] = (self.bias, piece.offset, piece.size)
+                names[f"{name}.bias"] = (self.bias, piece.offset, piece.size)
         return names
 
     def extra_repr(self) -> str:

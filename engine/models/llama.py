@@ -1,8 +1,8 @@
 """The Llama family (Llama, Mistral, Qwen2 config differences: GQA, rope scaling, tied embeddings, biases).
 
 Weights come from HF safetensors by name (``engine.models.loader``); no transformers model class runs here.
-Every projection is an ``engine.models.linear.Projection`` (adapters included, via :meth:`bind_lora` and the
-batch's token-to-slot index); attention reads and writes the paged KV cache
+Every projection, the vocabulary's included, is an ``engine.models.linear.Projection`` (adapters on the decoder
+layers' ones, via :meth:`bind_lora` and the batch's token-to-slot index); attention reads and writes the paged KV cache
 through ``kernels.write_kv`` and ``kernels.paged_attention`` over the whole flattened batch.
 """
 
@@ -95,11 +95,8 @@ class LlamaForCausalLM(nn.Module):
         self.layers = nn.ModuleList(DecoderLayer(config, i) for i in range(config.num_layers))
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.rotary = RotaryEmbedding(config.head_dim, max_positions, config.rope_theta, config.rope_scaling)
-        self.lm_head = (
-            self.embed_tokens
-            if config.tie_word_embeddings
-            else nn.Parameter(torch.empty(config.vocab_size, config.hidden_size), requires_grad=False)
-        )  # [vocab, hidden]
+        self.lm_head = Projection("", config.hidden_size, [("lm_head", config.vocab_size)], bias=False,
+                                  weight=self.embed_tokens if config.tie_word_embeddings else None)
 
     def bind_kv_cache(self, k_caches: list[torch.Tensor], v_caches: list[torch.Tensor]) -> None:
         for layer, k_cache, v_cache in zip(self.layers, k_caches, v_caches, strict=True):
@@ -122,18 +119,18 @@ class LlamaForCausalLM(nn.Module):
         return x
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:  # [N, hidden] -> [N, vocab] float32
-        return F.linear(self.norm(hidden), self.lm_head).float()
+        return self.lm_head(self.norm(hidden)).float()
 
     def hf_names(self) -> dict[str, tuple[nn.Parameter, int, int]]:
         """Every HF tensor name this model loads -> (parameter, first row, rows)."""
         names = {"model.embed_tokens.weight": (self.embed_tokens, 0, self.config.vocab_size),
                  "model.norm.weight": (self.norm.weight, 0, self.config.hidden_size)}
         if not self.config.tie_word_embeddings:
-            names["lm_head.weight"] = (self.lm_head, 0, self.config.vocab_size)
+            names.update(self.lm_head.hf_names())
         for i, layer in enumerate(self.layers):
             for norm in ("input_layernorm", "post_attention_layernorm"):
                 names[f"model.layers.{i}.{norm}.weight"] = (getattr(layer, norm).weight, 0, self.config.hidden_size)
-        for module in self.modules():
+        for module in self.layers.modules():
             if isinstance(module, Projection):
                 names.update(module.hf_names())
         return names

@@ -8,6 +8,9 @@ import time
 from pathlib import Path
 
 logger = logging.getLogger("engine.server")
+# Spelled out rather than imported from engine.config: that pulls in torch, and --help should not wait for it.
+DTYPE_CHOICES = ("auto", "float32", "bfloat16", "float16")
+GEMM_MODES = ("auto", "torch", "onednn")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -36,7 +39,13 @@ def build_parser() -> argparse.ArgumentParser:
     engine.add_argument("--kv-cache-memory", default=None, help="KV cache size on CPU, e.g. 4GiB")
     engine.add_argument("--gpu-memory-utilization", type=float, default=0.9)
     engine.add_argument("--no-enable-prefix-caching", dest="enable_prefix_caching", action="store_false")
-    engine.add_argument("--dtype", default="auto")
+    engine.add_argument("--dtype", default="auto", choices=DTYPE_CHOICES,
+                        help="auto: bf16 on CPUs with native bf16 dot products (AVX-512 BF16, AMX) and on CUDA, "
+                             "else fp32")
+    engine.add_argument("--kv-cache-dtype", default="auto", choices=DTYPE_CHOICES, help="auto: the model's dtype")
+    engine.add_argument("--gemm", default="auto", choices=GEMM_MODES,
+                        help="auto: time each GEMM path at start-up and use the fastest per shape and batch size "
+                             "(cached on disk); else always that path")
     engine.add_argument("--device", default="auto")
     engine.add_argument("--seed", type=int, default=0)
     lora = serve.add_argument_group("LoRA")
@@ -53,8 +62,8 @@ def engine_kwargs(args: argparse.Namespace) -> dict:
         "block_size": args.block_size, "max_num_seqs": args.max_num_seqs,
         "max_num_batched_tokens": args.max_num_batched_tokens, "max_model_len": args.max_model_len,
         "kv_cache_memory": args.kv_cache_memory, "gpu_memory_utilization": args.gpu_memory_utilization,
-        "enable_prefix_caching": args.enable_prefix_caching, "dtype": args.dtype, "device": args.device,
-        "seed": args.seed,
+        "enable_prefix_caching": args.enable_prefix_caching, "dtype": args.dtype,
+        "kv_cache_dtype": args.kv_cache_dtype, "gemm": args.gemm, "device": args.device, "seed": args.seed,
     }
     if args.enable_lora:
         sources = [s.strip() for s in args.adapter_sources.split(",") if s.strip()]

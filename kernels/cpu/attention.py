@@ -2,8 +2,9 @@
 
 Attention runs in a small C loop that reads K/V in place from the block pool (``paged_attention.c``):
 gathering every sequence's context each layer would cost more than the weight GEMMs, and for prefill chunks
-the loop also beats torch's SDPA with an offset causal mask (2-3x on 2 cores, measured). Without a C compiler,
-or for non-fp32 tensors, each sequence gathers its context and calls SDPA.
+the loop also beats torch's SDPA with an offset causal mask (2-3x on 2 cores, measured). q and the caches may
+each be float32 or bfloat16 (a build per pair; float32 arithmetic). Without a C compiler, or for other dtypes
+(float16), each sequence gathers its context and calls SDPA.
 """
 
 import ctypes
@@ -67,15 +68,20 @@ def _check_shapes(q, k_cache, v_cache, block_tables, seq_lens, query_start_loc) 
                          f"{tuple(query_start_loc.shape)}")
 
 
+_NATIVE_DTYPES = (torch.float32, torch.bfloat16)
+
+
 def _native_library(q, k_cache, v_cache):
-    if not (q.dtype == k_cache.dtype == v_cache.dtype == torch.float32):
+    if q.dtype not in _NATIVE_DTYPES or k_cache.dtype not in _NATIVE_DTYPES or k_cache.dtype != v_cache.dtype:
         return None
     if not (k_cache.is_contiguous() and v_cache.is_contiguous()):
         return None
-    library = native.load("paged_attention")
+    # float32 unless -D{ACT,KV}_BF16 (vec8.h): q and out are the activations, the caches the KV.
+    variant = tuple(f"{role}_BF16" for role, tensor in (("ACT", q), ("KV", k_cache)) if tensor.dtype == torch.bfloat16)
+    library = native.load("paged_attention", variant)
     if library is not None and not getattr(library, "_typed", False):
-        library.paged_attention_f32.restype = ctypes.c_int
-        library.paged_attention_f32.argtypes = (
+        library.paged_attention.restype = ctypes.c_int
+        library.paged_attention.argtypes = (
             [ctypes.c_void_p] * 4 + [ctypes.c_int64, ctypes.c_void_p, ctypes.c_int64] + [ctypes.c_void_p] * 3
             + [ctypes.c_int64] * 5 + [ctypes.c_float, ctypes.c_int64]
         )
@@ -87,7 +93,7 @@ def _attend_native(library, q, out, k_cache, v_cache, block_tables, seq_lens, qu
     """The C loop over every sequence; False if a shape is outside its compiled limits (nothing written)."""
     num_seqs = seq_lens.shape[0]
     seq_ids = _all_seq_ids(num_seqs)
-    status = library.paged_attention_f32(
+    status = library.paged_attention(
         q.data_ptr(), out.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(), k_cache.shape[0],
         block_tables.data_ptr(), block_tables.shape[1], seq_lens.data_ptr(), query_start_loc.data_ptr(),
         seq_ids.data_ptr(), num_seqs, q.shape[1], k_cache.shape[2], q.shape[2], k_cache.shape[1], scale,
@@ -127,8 +133,8 @@ def _attend_sdpa(
 ) -> torch.Tensor:  # [num_queries, num_q_heads, head_dim]
     block_size, num_queries = k_cache.shape[1], q.shape[0]
     blocks = block_table[: (seq_len + block_size - 1) // block_size].long()
-    keys = k_cache[blocks].flatten(0, 1)[:seq_len].transpose(0, 1)  # [Hkv, seq_len, D]
-    values = v_cache[blocks].flatten(0, 1)[:seq_len].transpose(0, 1)
+    keys = k_cache[blocks].flatten(0, 1)[:seq_len].transpose(0, 1).to(q.dtype)  # [Hkv, seq_len, D]
+    values = v_cache[blocks].flatten(0, 1)[:seq_len].transpose(0, 1).to(q.dtype)
     mask = None
     if num_queries > 1:  # query j sits at position seq_len - num_queries + j
         positions = torch.arange(seq_len - num_queries, seq_len, device=q.device)

@@ -1,4 +1,4 @@
-/* Multi-LoRA shrink and expand for CPUs, float32: one call per projection for a whole batch of mixed adapters.
+/* Multi-LoRA shrink and expand for CPUs: one call per projection for a whole batch of mixed adapters.
  *
  * Why C and not torch: in a decode step each projection's LoRA is a few small products per adapter (64 tokens
  * over 8 adapters at rank 16 is a few MFLOP), and torch pays tens of microseconds per op for the gathers,
@@ -6,9 +6,10 @@
  * adapters, against under 10 ms of arithmetic. Here each token is one work item: its slot's A or B rows are read
  * from cache (tokens come in slot order, so consecutive tokens share them) and its h or y row is written once.
  *
- * Layouts (row-major, float32): x [tokens, in] with row stride x_stride; lora_a [slots, R, in] with R = parts *
- * max_rank; h [tokens, R] contiguous; lora_b [slots, out_total, max_rank]; y [tokens, out_total] with row stride
- * y_stride. rows[i] / slots[i], i < num_rows: the token rows that have an adapter and their slots, in slot order.
+ * Layouts (row-major): x [tokens, in] with row stride x_stride; lora_a [slots, R, in] with R = parts * max_rank;
+ * h [tokens, R] contiguous; lora_b [slots, out_total, max_rank]; y [tokens, out_total] with row stride y_stride.
+ * x, y, lora_a and lora_b are act_t (float32 or bfloat16, see vec8.h: the slot buffers follow the model's dtype);
+ * h, scales and every sum are float32, and y is rounded once, after its delta is added. rows[i] / slots[i], i < num_rows: the token rows that have an adapter and their slots, in slot order.
  * Vectors of 8 floats (GCC/Clang vector extensions: AVX2/AVX-512 on x86, NEON on ARM); in_features, max_rank and
  * every part's size must be multiples of 8, else the functions return -1 and the caller uses torch.
  */
@@ -17,21 +18,21 @@
 #include "vec8.h"
 
 /* h[rows[i], 0:R] = lora_a[slots[i]] @ x[rows[i]]: eight rows of A at a time against the token's x. */
-int lora_shrink_f32(const float *x, int64_t x_stride, const float *lora_a, int64_t in_features, int64_t rank_total,
-                    const int64_t *rows, const int64_t *slots, int64_t num_rows, float *h, int64_t num_threads) {
+int lora_shrink(const act_t *x, int64_t x_stride, const act_t *lora_a, int64_t in_features, int64_t rank_total,
+                const int64_t *rows, const int64_t *slots, int64_t num_rows, float *h, int64_t num_threads) {
     if (in_features % LANES || rank_total % LANES) return -1;
     const int64_t vecs = in_features / LANES;
 #pragma omp parallel for schedule(static) num_threads(num_threads)
     for (int64_t i = 0; i < num_rows; ++i) {
-        const float *xt = x + rows[i] * x_stride;
-        const float *a = lora_a + slots[i] * rank_total * in_features;
+        const act_t *xt = x + rows[i] * x_stride;
+        const act_t *a = lora_a + slots[i] * rank_total * in_features;
         float *ht = h + rows[i] * rank_total;
         for (int64_t r = 0; r < rank_total; r += LANES) {
             vf acc[LANES] = {0};
-            const float *ar = a + r * in_features;
+            const act_t *ar = a + r * in_features;
             for (int64_t k = 0; k < vecs; ++k) {
-                vf xv = load(xt + k * LANES);
-                for (int j = 0; j < LANES; ++j) acc[j] += load(ar + j * in_features + k * LANES) * xv;
+                vf xv = load_act(xt + k * LANES);
+                for (int j = 0; j < LANES; ++j) acc[j] += load_act(ar + j * in_features + k * LANES) * xv;
             }
             store(ht + r, hsum8(acc));
         }
@@ -41,10 +42,10 @@ int lora_shrink_f32(const float *x, int64_t x_stride, const float *lora_a, int64
 
 /* y[rows[i], part p] += scales[s] * lora_b[s][part p rows] @ h[rows[i], p * max_rank : (p + 1) * max_rank] with
  * s = slots[i]: eight outputs at a time (eight rows of B against the token's h). */
-int lora_expand_f32(float *y, int64_t y_stride, const float *h, int64_t h_stride, const float *lora_b,
-                    int64_t out_total, int64_t max_rank, const int64_t *part_sizes, int64_t num_parts,
-                    const float *scales, const int64_t *rows, const int64_t *slots, int64_t num_rows,
-                    int64_t num_threads) {
+int lora_expand(act_t *y, int64_t y_stride, const float *h, int64_t h_stride, const act_t *lora_b,
+                int64_t out_total, int64_t max_rank, const int64_t *part_sizes, int64_t num_parts,
+                const float *scales, const int64_t *rows, const int64_t *slots, int64_t num_rows,
+                int64_t num_threads) {
     if (max_rank % LANES) return -1;
     for (int64_t p = 0; p < num_parts; ++p)
         if (part_sizes[p] % LANES) return -1;
@@ -52,9 +53,9 @@ int lora_expand_f32(float *y, int64_t y_stride, const float *h, int64_t h_stride
 #pragma omp parallel for schedule(static) num_threads(num_threads)
     for (int64_t i = 0; i < num_rows; ++i) {
         const int64_t s = slots[i];
-        const float *b = lora_b + s * out_total * max_rank;
+        const act_t *b = lora_b + s * out_total * max_rank;
         const float *ht = h + rows[i] * h_stride;
-        float *yt = y + rows[i] * y_stride;
+        act_t *yt = y + rows[i] * y_stride;
         const vf scale = splat(scales[s]);
         int64_t offset = 0;
         for (int64_t p = 0; p < num_parts; ++p) {
@@ -63,9 +64,9 @@ int lora_expand_f32(float *y, int64_t y_stride, const float *h, int64_t h_stride
                 vf acc[LANES] = {0};
                 for (int64_t k = 0; k < rvecs; ++k) {
                     vf hv = load(hp + k * LANES);
-                    for (int j = 0; j < LANES; ++j) acc[j] += load(b + (o + j) * max_rank + k * LANES) * hv;
+                    for (int j = 0; j < LANES; ++j) acc[j] += load_act(b + (o + j) * max_rank + k * LANES) * hv;
                 }
-                store(yt + o, load(yt + o) + scale * hsum8(acc));
+                store_act(yt + o, load_act(yt + o) + scale * hsum8(acc));
             }
             offset += part_sizes[p];
         }

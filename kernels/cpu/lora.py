@@ -4,12 +4,13 @@ The plan is computed from ``token_slots`` once per step (it is the same for ever
 so it is kept and reused while ``token_slots`` holds the same values; a kept copy is compared: cheaper than
 re-planning). Which path runs:
 
-* **the C loop** (``kernels/cpu/lora.c``; float32, up to 512 tokens with an adapter, sizes multiples of 8): each
-  token one work item, its slot's A or B rows read from cache (tokens in slot order share them), its h or y row
-  written once. A decode step's LoRA is a few MFLOP per projection, and torch pays tens of microseconds per op
-  around such small products: with 8 adapters at rank 16 on SmolLM2-135M (``bench.multi_lora --quick``), the LoRA
-  ops of a 62-token decode step took about 60 ms in torch and 32 ms with the C loop.
-* **padded** (the same small batches when the C loop does not apply: bf16, odd ranks, no compiler): every slot
+* **the C loop** (``kernels/cpu/lora.c``; activations and adapter weights both float32 or both bfloat16, float32
+  sums; up to 512 tokens with an adapter, sizes multiples of 8): each token one work item, its slot's A or B rows
+  read from cache (tokens in slot order share them), its h or y row written once. A decode step's LoRA is a few
+  MFLOP per projection, and torch pays tens of microseconds per op around such small products: with 8 adapters at
+  rank 16 on SmolLM2-135M (``bench.multi_lora --quick``), the LoRA ops of a 62-token decode step took about 60 ms
+  in torch and 32 ms with the C loop.
+* **padded** (the same small batches when the C loop does not apply: float16, odd ranks, no compiler): every slot
   from the lowest to the highest one in use is a group of ``L`` rows (``L`` = the most tokens any slot has), the
   tokens gathered into them once, padding rows repeating a real row with a zero scale. Each op is one ``bmm``
   over the groups against a view of the slot buffers (no copy of any weight) and one scatter.
@@ -59,7 +60,7 @@ class _Plan:
     max_slot: int = -1
 
 
-# The C path (kernels/cpu/lora.c, float32) and the padded plan are taken for at most this many tokens with an
+# The C path (kernels/cpu/lora.c) and the padded plan are taken for at most this many tokens with an
 # adapter: past that, torch's GEMMs over runs of tokens beat their per-token products and padding.
 _SMALL_BATCH = 512
 
@@ -250,15 +251,19 @@ def _padded_expand(y: torch.Tensor, h: torch.Tensor, lora_b: torch.Tensor, scale
 _SIZES: dict[tuple[int, ...], torch.Tensor] = {}
 
 
-def _library():
-    library = native.load("lora")
+_NATIVE_DTYPES = (torch.float32, torch.bfloat16)
+
+
+def _library(dtype: torch.dtype):
+    """The C loop for activations and adapter weights of ``dtype`` (float32 unless built with -DACT_BF16)."""
+    library = native.load("lora", ("ACT_BF16",) if dtype == torch.bfloat16 else ())
     if library is not None and not getattr(library, "_typed", False):
-        library.lora_shrink_f32.restype = ctypes.c_int
-        library.lora_shrink_f32.argtypes = ([ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p, ctypes.c_int64,
+        library.lora_shrink.restype = ctypes.c_int
+        library.lora_shrink.argtypes = ([ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p, ctypes.c_int64,
                                              ctypes.c_int64, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64,
                                              ctypes.c_void_p, ctypes.c_int64])
-        library.lora_expand_f32.restype = ctypes.c_int
-        library.lora_expand_f32.argtypes = ([ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p, ctypes.c_int64,
+        library.lora_expand.restype = ctypes.c_int
+        library.lora_expand.argtypes = ([ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p, ctypes.c_int64,
                                              ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p,
                                              ctypes.c_int64, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p,
                                              ctypes.c_int64, ctypes.c_int64])
@@ -268,16 +273,16 @@ def _library():
 
 def _native_shrink(x: torch.Tensor, lora_a: torch.Tensor, plan: _Plan) -> torch.Tensor | None:
     """h by the C loop, or None when it does not apply (dtype, layout, sizes not multiples of 8)."""
-    if x.dtype != torch.float32 or lora_a.dtype != torch.float32 or not lora_a.is_contiguous() or x.stride(1) != 1:
+    if x.dtype not in _NATIVE_DTYPES or lora_a.dtype != x.dtype or not lora_a.is_contiguous() or x.stride(1) != 1:
         return None
     if x.dim() != 2 or lora_a.dim() != 3 or x.shape[1] != lora_a.shape[2]:
         raise ValueError(f"lora_shrink: x {tuple(x.shape)} does not fit lora_a {tuple(lora_a.shape)}")
-    library = _library()
+    library = _library(x.dtype)
     if library is None:
         return None
     rank_total = lora_a.shape[1]
     h = (torch.empty if plan.covers_all else torch.zeros)(x.shape[0], rank_total, dtype=torch.float32)
-    status = library.lora_shrink_f32(x.data_ptr(), x.stride(0), lora_a.data_ptr(), x.shape[1], rank_total,
+    status = library.lora_shrink(x.data_ptr(), x.stride(0), lora_a.data_ptr(), x.shape[1], rank_total,
                                      plan.native_rows.data_ptr(), plan.native_slots.data_ptr(),
                                      plan.native_rows.shape[0], h.data_ptr(), torch.get_num_threads())
     return h if status == 0 else None
@@ -286,22 +291,22 @@ def _native_shrink(x: torch.Tensor, lora_a: torch.Tensor, plan: _Plan) -> torch.
 def _native_expand(y: torch.Tensor, h: torch.Tensor, lora_b: torch.Tensor, scales: torch.Tensor, plan: _Plan,
                    slices: tuple[int, ...]) -> bool:
     """The expand by the C loop; False (nothing written) when it does not apply."""
-    if not (y.dtype == h.dtype == lora_b.dtype == torch.float32 and y.stride(1) == 1 and h.stride(1) == 1
-            and lora_b.is_contiguous()):
+    if not (y.dtype in _NATIVE_DTYPES and lora_b.dtype == y.dtype and h.dtype == torch.float32
+            and y.stride(1) == 1 and h.stride(1) == 1 and lora_b.is_contiguous()):
         return False
     if (y.dim() != 2 or h.dim() != 2 or lora_b.dim() != 3 or y.shape[0] != h.shape[0]
             or sum(slices) != lora_b.shape[1] or h.shape[1] < len(slices) * lora_b.shape[2]
             or scales.shape[0] < lora_b.shape[0]):
         raise ValueError(f"lora_expand: y {tuple(y.shape)}, h {tuple(h.shape)}, lora_b {tuple(lora_b.shape)}, "
                          f"scales {tuple(scales.shape)} and slices {slices} do not fit together")
-    library = _library()
+    library = _library(y.dtype)
     if library is None:
         return False
     scales = scales.float().contiguous()
     sizes = _SIZES.get(slices)
     if sizes is None:
         sizes = _SIZES[slices] = torch.tensor(slices, dtype=torch.int64)  # a model has a few shapes
-    status = library.lora_expand_f32(y.data_ptr(), y.stride(0), h.data_ptr(), h.stride(0), lora_b.data_ptr(),
+    status = library.lora_expand(y.data_ptr(), y.stride(0), h.data_ptr(), h.stride(0), lora_b.data_ptr(),
                                      lora_b.shape[1], lora_b.shape[2], sizes.data_ptr(), len(slices),
                                      scales.data_ptr(), plan.native_rows.data_ptr(), plan.native_slots.data_ptr(),
                                      plan.native_rows.shape[0], torch.get_num_threads())

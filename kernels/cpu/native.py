@@ -1,4 +1,7 @@
-"""Compile a C kernel of this package once per (source, compiler flags, CPU) and load it with ctypes.
+"""Compile a C kernel of this package once per (source, variant, compiler flags, CPU) and load it with ctypes.
+
+A variant names the element types of a build (``ACT_BF16``, ``KV_BF16``: see ``vec8.h``), passed as ``-D`` flags:
+one source serves float32 and bfloat16 tensors.
 
 The shared library lands in ``$KERNELS_CACHE_DIR`` (default ``~/.cache/lora-platform/kernels``); a build takes
 about a second and happens once per machine. Without a C compiler, or with ``KERNELS_CPU_NATIVE=0``, ``load``
@@ -49,8 +52,9 @@ def _cpu_fingerprint() -> str:
 
 
 @cache
-def load(name: str) -> ctypes.CDLL | None:
-    """The compiled ``<name>.c`` next to this file, or None when native kernels are off or cannot be built."""
+def load(name: str, variant: tuple[str, ...] = ()) -> ctypes.CDLL | None:
+    """The compiled ``<name>.c`` next to this file built with ``-D`` each of ``variant``, or None when native
+    kernels are off or cannot be built."""
     if not enabled():
         return None
     source = Path(__file__).with_name(f"{name}.c")
@@ -59,14 +63,15 @@ def load(name: str) -> ctypes.CDLL | None:
         logger.warning("no C compiler found: %s runs on its slower pure-torch path", name)
         return None
     headers = [path.read_bytes() for path in sorted(source.parent.glob("*.h"))]  # what the sources include
+    flags = (*FLAGS, *(f"-D{define}" for define in variant))
     digest = hashlib.sha256(
-        b"\0".join([source.read_bytes(), *headers, " ".join(FLAGS).encode(), compiler.encode(),
+        b"\0".join([source.read_bytes(), *headers, " ".join(flags).encode(), compiler.encode(),
                      _cpu_fingerprint().encode()])
     ).hexdigest()[:16]
     target = cache_dir() / f"{name}-{digest}.so"
     if not target.exists():
         try:
-            _build(compiler, source, target)
+            _build(compiler, flags, source, target)
         except (OSError, subprocess.SubprocessError) as error:
             detail = getattr(error, "stderr", b"") or b""
             logger.warning("building %s failed (%s %s): using the pure-torch path", name, error,
@@ -75,13 +80,13 @@ def load(name: str) -> ctypes.CDLL | None:
     return ctypes.CDLL(str(target))
 
 
-def _build(compiler: str, source: Path, target: Path) -> None:
+def _build(compiler: str, flags: tuple[str, ...], source: Path, target: Path) -> None:
     target.parent.mkdir(parents=True, exist_ok=True)
     # Build to a temporary name and rename, so concurrent processes never load a half-written library.
     fd, tmp = tempfile.mkstemp(suffix=".so", dir=target.parent)
     os.close(fd)
     try:
-        subprocess.run([compiler, *FLAGS, str(source), "-o", tmp, "-lm"], check=True, capture_output=True, timeout=120)
+        subprocess.run([compiler, *flags, str(source), "-o", tmp, "-lm"], check=True, capture_output=True, timeout=120)
         os.replace(tmp, target)
     finally:
         if os.path.exists(tmp):

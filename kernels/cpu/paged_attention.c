@@ -1,4 +1,5 @@
-/* Paged attention for CPUs, float32: reads K/V in place from the block pool (no gather of the context).
+/* Paged attention for CPUs: reads K/V in place from the block pool (no gather of the context). q and out are
+ * act_t, the caches kv_t (float32 or bfloat16 each, see vec8.h); scores, softmax and sums are float32.
  *
  * Why C and not torch: torch has no op that indexes a paged cache inside a matmul, and gathering the context
  * every layer costs more than the model's weight GEMMs on this class of machine (see DESIGN.md). This loop
@@ -47,8 +48,9 @@ typedef struct {
 } WorkItem;
 
 typedef struct {
-    const float *q, *k_cache, *v_cache; /* q [T, Hq, D]; caches [num_blocks, block_size, Hkv, D] */
-    float *out;                         /* [T, Hq, D] */
+    const act_t *q;                /* [T, Hq, D] */
+    const kv_t *k_cache, *v_cache; /* [num_blocks, block_size, Hkv, D] */
+    act_t *out;                    /* [T, Hq, D] */
     const int32_t *block_tables, *seq_lens, *query_start_loc;
     int64_t max_blocks, num_q_heads, num_kv_heads, block_size;
     float scale;
@@ -57,50 +59,51 @@ typedef struct {
 /* s[t] = scale * q . k_t for t < n; eight keys at a time, so eight independent FMA chains hide the FMA
  * latency and one transposed reduction replaces eight horizontal sums. */
 #define DOTS(NV)                                                                                         \
-    static inline void dots_##NV(const float *q, const float *k, int64_t stride, int64_t n, float scale, \
+    static inline void dots_##NV(const act_t *q, const kv_t *k, int64_t stride, int64_t n, float scale, \
                                  int64_t nv_rt, float *s) {                                             \
         const int64_t nv = NV > 0 ? NV : nv_rt;                                                          \
         vf qv[NV > 0 ? NV : MAX_VECS];                                                                   \
-        for (int64_t i = 0; i < nv; ++i) qv[i] = load(q + i * LANES);                                    \
+        for (int64_t i = 0; i < nv; ++i) qv[i] = load_act(q + i * LANES);                                \
         int64_t t = 0;                                                                                   \
         for (; t + 8 <= n; t += 8) {                                                                    \
-            const float *kt = k + t * stride;                                                           \
+            const kv_t *kt = k + t * stride;                                                            \
             vf a[8];                                                                                    \
-            for (int j = 0; j < 8; ++j) a[j] = qv[0] * load(kt + j * stride);                           \
+            for (int j = 0; j < 8; ++j) a[j] = qv[0] * load_kv(kt + j * stride);                        \
             for (int64_t i = 1; i < nv; ++i)                                                            \
-                for (int j = 0; j < 8; ++j) a[j] += qv[i] * load(kt + j * stride + i * LANES);          \
+                for (int j = 0; j < 8; ++j) a[j] += qv[i] * load_kv(kt + j * stride + i * LANES);       \
             store(s + t, hsum8(a) * splat(scale));                                                      \
         }                                                                                               \
         for (; t + 4 <= n; t += 4) {                                                                     \
-            const float *k0 = k + t * stride, *k1 = k0 + stride, *k2 = k1 + stride, *k3 = k2 + stride;  \
-            vf a0 = qv[0] * load(k0), a1 = qv[0] * load(k1), a2 = qv[0] * load(k2), a3 = qv[0] * load(k3); \
+            const kv_t *k0 = k + t * stride, *k1 = k0 + stride, *k2 = k1 + stride, *k3 = k2 + stride;   \
+            vf a0 = qv[0] * load_kv(k0), a1 = qv[0] * load_kv(k1);                                       \
+            vf a2 = qv[0] * load_kv(k2), a3 = qv[0] * load_kv(k3);                                       \
             for (int64_t i = 1; i < nv; ++i) {                                                           \
-                a0 += qv[i] * load(k0 + i * LANES);                                                      \
-                a1 += qv[i] * load(k1 + i * LANES);                                                      \
-                a2 += qv[i] * load(k2 + i * LANES);                                                      \
-                a3 += qv[i] * load(k3 + i * LANES);                                                      \
+                a0 += qv[i] * load_kv(k0 + i * LANES);                                                   \
+                a1 += qv[i] * load_kv(k1 + i * LANES);                                                   \
+                a2 += qv[i] * load_kv(k2 + i * LANES);                                                   \
+                a3 += qv[i] * load_kv(k3 + i * LANES);                                                   \
             }                                                                                            \
             s[t] = hsum(a0) * scale, s[t + 1] = hsum(a1) * scale;                                        \
             s[t + 2] = hsum(a2) * scale, s[t + 3] = hsum(a3) * scale;                                    \
         }                                                                                                \
         for (; t < n; ++t) {                                                                             \
-            const float *k0 = k + t * stride;                                                            \
-            vf a0 = qv[0] * load(k0);                                                                    \
-            for (int64_t i = 1; i < nv; ++i) a0 += qv[i] * load(k0 + i * LANES);                         \
+            const kv_t *k0 = k + t * stride;                                                             \
+            vf a0 = qv[0] * load_kv(k0);                                                                 \
+            for (int64_t i = 1; i < nv; ++i) a0 += qv[i] * load_kv(k0 + i * LANES);                      \
             s[t] = hsum(a0) * scale;                                                                     \
         }                                                                                                \
     }
 
 /* acc = acc * correction + sum_t p[t] * v_t, the accumulator held in registers across the block. */
 #define AXPYS(NV)                                                                                        \
-    static inline void axpys_##NV(float *acc, float correction, const float *p, const float *v,         \
+    static inline void axpys_##NV(float *acc, float correction, const float *p, const kv_t *v,          \
                                   int64_t stride, int64_t n, int64_t nv_rt) {                            \
         const int64_t nv = NV > 0 ? NV : nv_rt;                                                          \
         vf a[NV > 0 ? NV : MAX_VECS];                                                                    \
         for (int64_t i = 0; i < nv; ++i) a[i] = load(acc + i * LANES) * splat(correction);               \
         for (int64_t t = 0; t < n; ++t) {                                                                \
             const vf pt = splat(p[t]);                                                                   \
-            for (int64_t i = 0; i < nv; ++i) a[i] += pt * load(v + t * stride + i * LANES);              \
+            for (int64_t i = 0; i < nv; ++i) a[i] += pt * load_kv(v + t * stride + i * LANES);           \
         }                                                                                                \
         for (int64_t i = 0; i < nv; ++i) store(acc + i * LANES, a[i]);                                   \
     }
@@ -125,10 +128,10 @@ static inline float softmax_block(float *s, int64_t n, float *row_max, float *ro
     return correction;
 }
 
-/* Ask for the keys and values of one block: block_size rows of `span` floats (the item's kv heads). */
+/* Ask for the keys and values of one block: block_size rows of `span` elements (the item's kv heads). */
 static inline void prefetch_block(const Args *args, int64_t offset, int64_t row_stride, int64_t span) {
     for (int64_t t = 0; t < args->block_size; ++t)
-        for (int64_t d = 0; d < span; d += 64 / sizeof(float)) {
+        for (int64_t d = 0; d < span; d += 64 / sizeof(kv_t)) {
             __builtin_prefetch(args->k_cache + offset + t * row_stride + d);
             __builtin_prefetch(args->v_cache + offset + t * row_stride + d);
         }
@@ -152,7 +155,7 @@ static inline void prefetch_block(const Args *args, int64_t offset, int64_t row_
         float scores[MAX_BLOCK_SIZE + LANES];                                                            \
         float row_max[MAX_ROWS], row_sum[MAX_ROWS];                                                      \
         int64_t last_pos[MAX_ROWS], kv_offset[MAX_ROWS];                                                 \
-        const float *q_rows[MAX_ROWS];                                                                   \
+        const act_t *q_rows[MAX_ROWS];                                                                   \
         for (int64_t r = 0; r < rows; ++r) {                                                             \
             const int64_t j = item.first_query + r / heads;                                              \
             const int64_t head = item.first_kv_head * group + r % heads;                                 \
@@ -181,9 +184,9 @@ static inline void prefetch_block(const Args *args, int64_t offset, int64_t row_
         for (int64_t r = 0; r < rows; ++r) {                                                             \
             const int64_t j = item.first_query + r / heads;                                              \
             const int64_t head = item.first_kv_head * group + r % heads;                                 \
-            float *o = args->out + ((token0 + j) * args->num_q_heads + head) * head_dim;                 \
-            const float inv = 1.0f / row_sum[r];                                                         \
-            for (int64_t d = 0; d < head_dim; ++d) o[d] = acc[r][d] * inv;                               \
+            act_t *o = args->out + ((token0 + j) * args->num_q_heads + head) * head_dim;                 \
+            const vf inv = splat(1.0f / row_sum[r]);                                                     \
+            for (int64_t i = 0; i < nv; ++i) store_act(o + i * LANES, load(acc[r] + i * LANES) * inv);   \
         }                                                                                                \
     }
 
@@ -209,11 +212,11 @@ static int valid_metadata(const int32_t *block_tables, int64_t max_blocks, const
 
 /* Attention of the sequences listed in seq_ids. Returns 0; -1 if a size is outside the compiled limits (the
  * caller falls back to torch); -2 if the metadata breaks the op's contract (nothing is read or written). */
-int paged_attention_f32(const float *q, float *out, const float *k_cache, const float *v_cache, int64_t num_blocks,
-                        const int32_t *block_tables, int64_t max_blocks, const int32_t *seq_lens,
-                        const int32_t *query_start_loc, const int32_t *seq_ids, int64_t num_seq_ids,
-                        int64_t num_q_heads, int64_t num_kv_heads, int64_t head_dim, int64_t block_size,
-                        float scale, int64_t num_threads) {
+int paged_attention(const act_t *q, act_t *out, const kv_t *k_cache, const kv_t *v_cache, int64_t num_blocks,
+                    const int32_t *block_tables, int64_t max_blocks, const int32_t *seq_lens,
+                    const int32_t *query_start_loc, const int32_t *seq_ids, int64_t num_seq_ids,
+                    int64_t num_q_heads, int64_t num_kv_heads, int64_t head_dim, int64_t block_size,
+                    float scale, int64_t num_threads) {
     const int64_t group = num_q_heads / num_kv_heads;
     if (group > MAX_ROWS || head_dim % LANES || head_dim > MAX_VECS * LANES || block_size > MAX_BLOCK_SIZE)
         return -1;

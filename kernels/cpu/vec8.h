@@ -1,6 +1,10 @@
 /* Vectors of 8 floats for the CPU kernels (GCC/Clang vector extensions: -march=native picks AVX2/AVX-512 on
- * x86 and NEON on ARM), and eight horizontal sums at once. Included by each kernel's .c file; native.py builds
- * a kernel again when this file changes. */
+ * x86 and NEON on ARM), eight horizontal sums at once, and the element types of a build. Included by each
+ * kernel's .c file; native.py builds a kernel again when this file changes.
+ *
+ * Element types: native.py compiles a kernel once per variant. With ACT_BF16 the activations (and, for LoRA,
+ * the adapter weights) are bfloat16, else float32; with KV_BF16 the KV cache is. Arithmetic is float32 either
+ * way: bf16 values widen exactly on load and round to nearest even on store. */
 #ifndef LORA_PLATFORM_VEC8_H
 #define LORA_PLATFORM_VEC8_H
 
@@ -16,6 +20,64 @@ static inline vf load(const float *p) { vf v; memcpy(&v, p, sizeof v); return v;
 static inline void store(float *p, vf v) { memcpy(p, &v, sizeof v); }
 static inline vf splat(float x) { return (vf){x, x, x, x, x, x, x, x}; }
 static inline float hsum(vf v) { return ((v[0] + v[4]) + (v[1] + v[5])) + ((v[2] + v[6]) + (v[3] + v[7])); }
+
+/* bfloat16 as its raw bits: the high half of a float32. */
+typedef uint16_t bf16;
+typedef uint16_t vh __attribute__((vector_size(LANES * sizeof(uint16_t))));
+typedef uint32_t vu __attribute__((vector_size(LANES * sizeof(uint32_t))));
+
+#if defined(__AVX2__)
+#include <immintrin.h>
+#endif
+
+#if defined(__AVX2__)
+/* One vpmovzxwd and a shift: GCC splits the generic conversion below into two halves and shuffles them back
+ * together, which took paged attention in bf16 to twice the time of fp32 (shuffle port bound). */
+static inline vf load_bf16(const bf16 *p) {
+    return (vf)_mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)p)), 16);
+}
+#else
+static inline vf load_bf16(const bf16 *p) {
+    vh h;
+    memcpy(&h, p, sizeof h);
+    return (vf)(__builtin_convertvector(h, vu) << 16);
+}
+#endif
+
+#if defined(__AVX512BF16__) && defined(__AVX512VL__)
+/* vcvtneps2bf16: round to nearest even in one instruction (denormal inputs count as zero). */
+static inline void store_bf16(bf16 *p, vf v) {
+    const __m128bh h = _mm256_cvtneps_pbh((__m256)v);
+    memcpy(p, &h, sizeof h);
+}
+#else
+/* Round to nearest even, as torch does; a NaN stays a (quiet) NaN instead of rounding into infinity. */
+static inline void store_bf16(bf16 *p, vf v) {
+    const vu u = (vu)v;
+    const vu rounded = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
+    const vu nan = (vu)((u & 0x7fffffffu) > 0x7f800000u);
+    const vh h = __builtin_convertvector((rounded & ~nan) | (((u >> 16) | 0x40u) & nan), vh);
+    memcpy(p, &h, sizeof h);
+}
+#endif
+
+#ifdef ACT_BF16
+typedef bf16 act_t;
+#define load_act load_bf16
+#define store_act store_bf16
+#else
+typedef float act_t;
+#define load_act load
+#define store_act store
+#endif
+
+#ifdef KV_BF16
+typedef bf16 kv_t;
+#define load_kv load_bf16
+#else
+typedef float kv_t;
+#define load_kv load
+#endif
 
 #if defined(__clang__)
 #define SHUFFLE(a, b, ...) __builtin_shufflevector(a, b, __VA_ARGS__)

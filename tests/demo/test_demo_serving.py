@@ -17,7 +17,7 @@ ORACLE_TOKENS = 40  # a whole reply and its EOS
 
 @pytest.fixture(scope="module")
 def llm(smollm2):
-    return make_demo_llm(str(smollm2))
+    return make_demo_llm(str(smollm2), dtype="float32")  # PEFT in fp32 is the oracle; "auto" may pick bf16
 
 
 @pytest.fixture(scope="module")

@@ -3,8 +3,20 @@
 import pytest
 import torch
 
+from engine.models import gemm_choice
 from tests.support.tiny_llama import make_tiny_llama
 from tests.support.torch_threads import one_torch_thread  # noqa: F401 (autouse)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def gemm_cache_dir(tmp_path_factory):
+    """A GEMM cache of the session's own, written to however busy the machine: each shape is timed once per run,
+    and choices timed while other tests load the cores never reach the user's cache."""
+    patch = pytest.MonkeyPatch()
+    patch.setenv("ENGINE_GEMM_CACHE_DIR", str(tmp_path_factory.mktemp("gemm-cache")))
+    patch.setattr(gemm_choice, "_MIN_CPU_SHARE", 0.0)
+    yield
+    patch.undo()
 
 
 @pytest.fixture(scope="session")

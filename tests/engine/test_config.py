@@ -3,7 +3,9 @@
 import pytest
 import torch
 
+from engine import config as config_module
 from engine.config import EngineConfig, ModelConfig, parse_memory
+from engine.cpu_info import parse_cpuinfo
 from engine.sampling_params import SamplingParams
 
 
@@ -25,7 +27,7 @@ def test_parse_memory_rejects(value):
     ("field", "value"),
     [("block_size", 0), ("block_size", 12), ("block_size", 512), ("max_num_seqs", 0), ("max_num_batched_tokens", -1),
      ("max_model_len", 1), ("num_kv_blocks", 0), ("kv_cache_memory", "lots"), ("gpu_memory_utilization", 1.5),
-     ("dtype", "int8"), ("device", "tpu")],
+     ("dtype", "int8"), ("kv_cache_dtype", "fp8"), ("gemm", "mkl"), ("device", "tpu")],
 )
 def test_engine_config_rejects(field, value):
     with pytest.raises(ValueError, match=field.split("_")[0]):
@@ -37,11 +39,57 @@ def test_engine_config_unknown_field_is_a_type_error():
         EngineConfig(model="m", max_loras_typo=3)
 
 
-def test_cpu_auto_dtype_is_float32():
-    config = EngineConfig(model="m", device="cpu")
-    model = ModelConfig.from_dict(_raw(torch_dtype="bfloat16"))
-    assert config.torch_dtype(model) is torch.float32
-    assert EngineConfig(model="m", device="cpu", dtype="bfloat16").torch_dtype(model) is torch.bfloat16
+@pytest.mark.parametrize(("flags", "expected"), [
+    ("fpu avx2 avx512f avx512_vnni avx512_bf16", torch.bfloat16),  # AMD Zen 4/5, Intel Cooper Lake
+    ("fpu avx2 avx512f amx_tile amx_bf16", torch.bfloat16),  # Intel Sapphire Rapids and later
+    ("fpu avx2 avx512f avx512_vnni", torch.float32),  # AVX-512 without bf16 dot products: emulated, no faster
+    ("fpu avx2 fma", torch.float32),
+    ("", torch.float32),  # nothing known about the CPU: nothing assumed
+])
+def test_cpu_auto_dtype_is_bf16_exactly_where_the_cpu_has_bf16_dot_products(monkeypatch, flags, expected):
+    monkeypatch.setattr(config_module, "cpu_info", lambda: parse_cpuinfo(f"model name\t: Some CPU\nflags\t: {flags}\n"))
+    model = ModelConfig.from_dict(_raw())  # an fp32 checkpoint: the CPU decides, not the checkpoint
+    assert EngineConfig(model="m", device="cpu").torch_dtype(model) is expected
+    assert EngineConfig(model="m", device="cpu").kv_cache_torch_dtype(model) is expected
+    for name, dtype in (("float32", torch.float32), ("bfloat16", torch.bfloat16), ("float16", torch.float16)):
+        assert EngineConfig(model="m", device="cpu", dtype=name).torch_dtype(model) is dtype  # explicit wins
+
+
+def test_cuda_auto_dtype_is_the_checkpoints_half_type_or_bf16():
+    config = EngineConfig(model="m", device="cuda")
+    assert config.torch_dtype(ModelConfig.from_dict(_raw())) is torch.bfloat16
+    assert config.torch_dtype(ModelConfig.from_dict(_raw(torch_dtype="float16"))) is torch.float16
+
+
+def test_kv_cache_dtype_follows_the_model_unless_given():
+    model = ModelConfig.from_dict(_raw())
+    assert EngineConfig(model="m", device="cpu", dtype="float32").kv_cache_torch_dtype(model) is torch.float32
+    config = EngineConfig(model="m", device="cpu", dtype="float32", kv_cache_dtype="bfloat16")
+    assert config.torch_dtype(model) is torch.float32 and config.kv_cache_torch_dtype(model) is torch.bfloat16
+
+
+def test_parse_cpuinfo_reads_the_first_processor_on_x86_and_arm():
+    x86 = "processor\t: 0\nmodel name\t: AMD EPYC\nflags\t\t: fpu avx512_bf16 avx2\n\nprocessor\t: 1\n" \
+          "model name\t: AMD EPYC\nflags\t\t: fpu avx512_bf16 avx2\n"
+    info = parse_cpuinfo(x86)
+    assert info.model_name == "AMD EPYC" and info.has_native_bf16 and info.gemm_flags == ["avx2", "avx512_bf16"]
+    arm = parse_cpuinfo("processor\t: 0\nBogoMIPS\t: 50.00\nFeatures\t: fp asimd sve bf16 i8mm\n")
+    assert arm.flags >= {"asimd", "bf16"} and not arm.has_native_bf16  # ARM's bf16 is not assumed fast here
+    assert parse_cpuinfo("").flags == frozenset() and parse_cpuinfo("").model_name
+
+
+def test_serve_options_reach_the_engine_config():
+    from engine.server import cli
+
+    args = cli.build_parser().parse_args(["serve", "m", "--dtype", "bfloat16", "--kv-cache-dtype", "float32",
+                                          "--gemm", "onednn"])
+    kwargs = cli.engine_kwargs(args)
+    assert (kwargs["dtype"], kwargs["kv_cache_dtype"], kwargs["gemm"]) == ("bfloat16", "float32", "onednn")
+    EngineConfig(model="m", **kwargs)
+    with pytest.raises(SystemExit):
+        cli.build_parser().parse_args(["serve", "m", "--dtype", "int8"])
+    # cli spells the choices out (it must not import torch for --help): they must stay the config's
+    assert set(cli.DTYPE_CHOICES) == {"auto", *config_module._DTYPES} and cli.GEMM_MODES == config_module.GEMM_MODES
 
 
 def _raw(**overrides) -> dict:

@@ -16,6 +16,7 @@ PROMPTS = prompts_of_lengths([1, 5, 17, 64, 150, 290])
 
 def make_llm(folder, **kwargs) -> LLM:
     kwargs.setdefault("block_size", 4)
+    kwargs.setdefault("dtype", "float32")  # transformers' fp32 is the oracle; "auto" is bf16 on some CPUs
     return LLM(str(folder), check_invariants=True, **kwargs)
 
 

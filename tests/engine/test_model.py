@@ -71,12 +71,12 @@ def test_logits_match_transformers_for_a_batch_and_for_chunks(variant, request):
 def test_every_projection_is_one_projection_class_with_hf_names(tiny_llama):
     model = engine_model(tiny_llama)
     projections = [m for m in model.modules() if isinstance(m, Projection)]
-    names = {f"{p.prefix}.{s.name}" for p in projections for s in p.output_slices}
+    names = {name.removesuffix(".weight") for p in projections for name in p.hf_names()}
     config = json.loads((tiny_llama / "config.json").read_text())
     expected = {f"model.layers.{i}.{part}" for i in range(config["num_hidden_layers"]) for part in
                 ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj",
                  "mlp.gate_proj", "mlp.up_proj", "mlp.down_proj")}
-    assert names == expected
+    assert names == expected | {"lm_head"}  # the vocabulary projection too
     qkv = model.layers[0].self_attn.qkv_proj
     assert [(s.name, s.offset, s.size) for s in qkv.output_slices] == [("q_proj", 0, 64), ("k_proj", 64, 32),
                                                                         ("v_proj", 96, 32)]

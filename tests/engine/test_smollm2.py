@@ -76,7 +76,7 @@ def assert_identical(outputs, prompts, reference):
 
 
 def test_batch_of_very_different_lengths_and_shared_prefix_caching(smollm2, prompts, system_prompts, reference):
-    llm = LLM(str(smollm2), kv_cache_memory="256MiB", check_invariants=True)
+    llm = LLM(str(smollm2), kv_cache_memory="256MiB", check_invariants=True, dtype="float32")
     assert_identical(llm.generate(prompts, GREEDY, use_tqdm=False), prompts, reference)
     before = llm.llm_engine.stats()["tokens"]["computed"]
     outputs = llm.generate(system_prompts, GREEDY, use_tqdm=False)
@@ -90,7 +90,7 @@ def test_batch_of_very_different_lengths_and_shared_prefix_caching(smollm2, prom
 
 
 def test_preemption_and_chunked_prefill_keep_outputs_identical(smollm2, prompts, reference):
-    llm = LLM(str(smollm2), num_kv_blocks=20, max_num_batched_tokens=32, check_invariants=True)
+    llm = LLM(str(smollm2), num_kv_blocks=20, max_num_batched_tokens=32, check_invariants=True, dtype="float32")
     outputs = llm.generate(prompts, GREEDY, use_tqdm=False)
     assert_identical(outputs, prompts, reference)
     stats = llm.llm_engine.stats()

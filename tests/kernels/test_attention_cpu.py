@@ -9,13 +9,15 @@ from kernels.cpu import attention, native
 from tests.kernels.conftest import cpu_paths
 
 
-def paged_case(seq_lens, query_lens, *, num_q_heads, num_kv_heads, head_dim, block_size, seed=0, dtype=None):
+def paged_case(seq_lens, query_lens, *, num_q_heads, num_kv_heads, head_dim, block_size, seed=0, dtype=None,
+               kv_dtype=None):
     gen = torch.Generator().manual_seed(seed)
     dtype = dtype or torch.float32
+    kv_dtype = kv_dtype or dtype
     blocks_per_seq = [-(-n // block_size) for n in seq_lens]
     num_blocks = sum(blocks_per_seq) + 3
-    k_cache = torch.randn(num_blocks, block_size, num_kv_heads, head_dim, generator=gen).to(dtype)
-    v_cache = torch.randn(num_blocks, block_size, num_kv_heads, head_dim, generator=gen).to(dtype)
+    k_cache = torch.randn(num_blocks, block_size, num_kv_heads, head_dim, generator=gen).to(kv_dtype)
+    v_cache = torch.randn(num_blocks, block_size, num_kv_heads, head_dim, generator=gen).to(kv_dtype)
     order = torch.randperm(num_blocks, generator=gen).tolist()  # scattered, out-of-order blocks
     tables = torch.zeros(len(seq_lens), max(blocks_per_seq), dtype=torch.int32)
     for i, count in enumerate(blocks_per_seq):
@@ -72,12 +74,28 @@ def test_long_prefill_in_one_chunk_matches_reference():
                                rtol=2e-5, atol=2e-5)
 
 
-def test_bfloat16_takes_the_torch_path():
-    args = paged_case([20, 9], [1, 9], num_q_heads=4, num_kv_heads=2, head_dim=16, block_size=4,
-                      dtype=torch.bfloat16)
+@pytest.mark.parametrize("case", CASES)
+@pytest.mark.parametrize(("q_dtype", "kv_dtype"), [(torch.bfloat16, torch.bfloat16), (torch.float32, torch.bfloat16),
+                                                   (torch.bfloat16, torch.float32)])
+def test_bfloat16_matches_reference(case, q_dtype, kv_dtype, cpu_path, monkeypatch):
+    """The engine's bf16 mode, and a KV cache of another dtype than the model's. The C loop widens bf16 exactly and
+    sums in fp32, so it is within one bf16 rounding of the output (2^-8 relative) of the fp32 reference on the
+    same values (1e-3 absolute near zero); torch's SDPA in bf16 rounds intermediate products too (2e-2)."""
+    args = paged_case(**CASES[case], dtype=q_dtype, kv_dtype=kv_dtype)
+    in_c = cpu_path == "native" and CASES[case]["head_dim"] % 8 == 0  # the C loop takes multiples of 8
+    if in_c:
+        monkeypatch.setattr(attention, "_attend_all_sdpa", _fail("the SDPA path ran"))
     got = attention.paged_attention(*args)
-    assert got.dtype == torch.bfloat16
-    torch.testing.assert_close(got.float(), reference.paged_attention(*args).float(), rtol=2e-2, atol=2e-2)
+    assert got.dtype == q_dtype
+    rtol, atol = (2**-7, 1e-3) if in_c else (2e-2, 2e-2)
+    torch.testing.assert_close(got.float(), reference.paged_attention(*args).float(), rtol=rtol, atol=atol)
+
+
+def _fail(message):
+    def fail(*args, **kwargs):
+        raise AssertionError(message)
+
+    return fail
 
 
 def test_metadata_edited_in_place_is_honoured():

@@ -159,6 +159,44 @@ def test_bf16_matches_reference(order, num_tokens):
     check_against_reference(x, lora_a, lora_b, scales, token_slots, y, atol=2e-2)
 
 
+@pytest.mark.parametrize("in_features,out_features", [(576, 960), (1536, 576), (576, 3072)])
+def test_bf16_adapter_deltas_stay_within_the_stated_tolerance(in_features, out_features, cpu_path, monkeypatch):
+    """bf16 activations and slot buffers (the engine's bf16 mode) on a decode-sized batch, which the C loop takes:
+      * h is fp32 sums of the bf16 products: fp32 math on the same bf16 values within 1e-5 of its largest entry;
+      * y gets its delta in fp32 and is rounded once (the torch path rounds the delta first): within two bf16
+        roundings (2^-7) of |y| + |delta| of the fp32 sum;
+      * the delta against the fp32 adapter as PEFT holds it (before A, B and x were rounded to bf16): within
+        1.5% of the delta's largest entry (0.6% measured), the accuracy the PEFT comparisons can expect in bf16.
+    """
+    a32, b32, scales = make_buffers(in_features, out_features, [16, 8, 16, 4, 16], 16, seed=3)
+    token_slots = slots_for(48, seed=4, order="sorted")
+    x32 = torch.randn(48, in_features, generator=torch.Generator().manual_seed(1))
+    y0 = torch.randn(48, out_features, generator=torch.Generator().manual_seed(2)).bfloat16()
+    x, lora_a, lora_b = x32.bfloat16(), a32.bfloat16(), b32.bfloat16()
+    if cpu_path == "native":
+        monkeypatch.setattr(cpu_lora, "_padded_shrink", _fail("the torch path ran"))
+        monkeypatch.setattr(cpu_lora, "_padded_expand", _fail("the torch path ran"))
+    h = cpu.lora_shrink(x, lora_a, token_slots)
+    h_same = reference.lora_shrink(x.float(), lora_a.float(), token_slots)
+    assert (h - h_same).abs().max() <= 1e-5 * h_same.abs().max()
+    y = y0.clone()
+    cpu.lora_expand(y, h, lora_b, token_slots, scales)
+    y_same = y0.float()
+    reference.lora_expand(y_same, h_same, lora_b.float(), token_slots, scales)
+    magnitude = y0.float().abs() + (y_same - y0.float()).abs()
+    assert bool(((y.float() - y_same).abs() <= 2**-7 * magnitude).all())
+    delta_fp32 = torch.zeros(48, out_features)
+    reference.lora_expand(delta_fp32, reference.lora_shrink(x32, a32, token_slots), b32, token_slots, scales)
+    assert ((y.float() - y0.float()) - delta_fp32).abs().max() <= 0.015 * delta_fp32.abs().max()
+
+
+def _fail(message):
+    def fail(*args, **kwargs):
+        raise AssertionError(message)
+
+    return fail
+
+
 def test_public_ops_dispatch_to_the_cpu_path():
     lora_a, lora_b, scales = make_buffers(576, 192, [2] * NUM_SLOTS, 2)
     token_slots = slots_for(11, seed=8)

@@ -76,7 +76,8 @@ class PeftOracle:
 
 
 def make_llm(model_dir: Path, **kwargs) -> LLM:
+    # fp32: transformers + PEFT in fp32 is the oracle, and "auto" is bf16 on CPUs with bf16 dot products
     options = dict(enable_lora=True, max_lora_rank=MAX_RANK, block_size=4, check_invariants=True,
-                   num_kv_blocks=256, max_num_batched_tokens=64)
+                   num_kv_blocks=256, max_num_batched_tokens=64, dtype="float32")
     options.update(kwargs)
     return LLM(str(model_dir), **options)

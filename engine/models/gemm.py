@@ -1,0 +1,88 @@
+"""The ways this machine can compute a projection's ``y = x @ W.T + b``, and the kernel that runs one per M.
+
+Paths, each in the model's dtype with fp32 accumulation:
+  * ``torch``: ``F.linear`` (MKL for fp32 on x86, oneDNN for bf16; cuBLAS on CUDA, the only path there);
+  * ``onednn``: oneDNN's inner product on a weight reordered once into its blocked layout
+    (``torch.ops.mkldnn._reorder_linear_weight`` + ``_linear_pointwise``, what torch.compile's CPU backend emits
+    for a frozen linear). On the AMD EPYC VM it ran 2-3x ``F.linear`` in fp32 at 8-256 tokens (DESIGN.md).
+Which one is faster depends on the CPU, the shape and the number of tokens M, so ``engine.models.gemm_choice``
+times them on the machine and binds a :class:`LinearKernel` to every projection.
+"""
+
+from bisect import bisect_left
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from functools import cache
+
+import torch
+import torch.nn.functional as F
+
+
+@dataclass(frozen=True, slots=True)
+class GemmPath:
+    name: str
+    pack: Callable[[torch.Tensor], torch.Tensor]  # weight [out, in] -> the operand ``run`` multiplies by
+    run: Callable[[torch.Tensor, torch.Tensor, torch.Tensor | None], torch.Tensor]  # (x [M, in], operand, bias)
+
+
+def _onednn_pack(weight: torch.Tensor) -> torch.Tensor:  # [out, in] -> oneDNN's blocked layout (opaque)
+    return torch.ops.mkldnn._reorder_linear_weight(weight.detach(), None)
+
+
+def _onednn_run(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    return torch.ops.mkldnn._linear_pointwise(x, packed, bias, "none", [], "")  # [M, out]
+
+
+PATHS = {
+    "torch": GemmPath("torch", lambda weight: weight, F.linear),
+    "onednn": GemmPath("onednn", _onednn_pack, _onednn_run),
+}
+
+
+@cache
+def available_paths(device_type: str, dtype: torch.dtype) -> tuple[str, ...]:
+    """The paths that run ``dtype`` GEMMs on this device: ``torch`` always, ``onednn`` on CPUs where this torch
+    build has it for ``dtype``."""
+    if device_type != "cpu":
+        return ("torch",)
+    return ("torch", "onednn") if _onednn_works(dtype) else ("torch",)
+
+
+def _onednn_works(dtype: torch.dtype) -> bool:
+    # Tried, not inferred from flags: the op may be missing from a build, or refuse a dtype on a CPU (fp16
+    # without AVX-512 FP16, say).
+    if not torch.backends.mkldnn.is_available() or not hasattr(torch.ops.mkldnn, "_linear_pointwise"):
+        return False
+    weight = torch.ones(8, 8, dtype=dtype)
+    try:
+        y = _onednn_run(torch.ones(2, 8, dtype=dtype), _onednn_pack(weight), None)
+    except RuntimeError:
+        return False
+    return bool(torch.all(y == 8))
+
+
+class LinearKernel:
+    """``y = x @ W.T + b`` through the path chosen for the band of token counts x falls in.
+
+    ``bands``: ``(max_tokens, path name)`` by increasing ``max_tokens``; more tokens than the last band take its
+    path. Each path's operand is made once (given in ``operands``, or packed from ``weight`` here); a kernel
+    whose bands never use ``torch`` keeps no reference to the plain weight.
+    """
+
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, bands: Sequence[tuple[int, str]],
+                 operands: Mapping[str, torch.Tensor] | None = None):
+        if not bands or any(path not in PATHS for _, path in bands):
+            raise ValueError(f"bands must be (max_tokens, path) pairs with paths in {sorted(PATHS)}, got {bands!r}")
+        self.bands = tuple((int(limit), path) for limit, path in bands)
+        self.paths = frozenset(path for _, path in self.bands)
+        self.bias = bias  # [out] or None
+        operands = dict(operands or {})
+        for path in self.paths - operands.keys():
+            operands[path] = PATHS[path].pack(weight)
+        self._limits = [limit for limit, _ in self.bands]
+        self._calls = [(PATHS[path].run, operands[path]) for _, path in self.bands]
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:  # [M, in] -> [M, out]
+        band = min(bisect_left(self._limits, x.shape[0]), len(self._calls) - 1)
+        run, operand = self._calls[band]
+        return run(x, operand, self.bias)

@@ -1,0 +1,254 @@
+"""Which GEMM path each projection of the model runs at each band of token counts: measured once per machine at
+start-up, cached on disk, bound to every ``Projection``.
+
+Each distinct projection (q|k|v, o, gate|up, down, the vocabulary) is timed on every available path
+(``engine.models.gemm``) at M = 1, 2, 4, ... up to the most rows a step gives it (``max_num_batched_tokens``; for
+the vocabulary ``max_num_seqs``, as it only sees the sampled rows). The calls cycle through that projection's
+weights in every layer, so small M mostly reads them from memory as a step does, not from a warm cache. Band
+``(M/2, M]`` takes the fastest path at M, unless the path that wins most bands for the shape is within
+``_MARGIN`` there: a second path for a shape costs a second copy of its weights.
+
+The choice is cached in ``$ENGINE_GEMM_CACHE_DIR`` (default ``~/.cache/lora-platform/gemm``) under a key made of
+the CPU model and its GEMM-relevant flags, the torch version, the thread count, the dtype, the paths and the
+shapes, so a restart reads it instead of timing again; a choice timed on a busy machine is not cached.
+"""
+
+import hashlib
+import json
+import logging
+import os
+import tempfile
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from engine.cpu_info import cpu_info
+from engine.models.gemm import PATHS, LinearKernel, available_paths
+from engine.models.linear import Projection
+
+logger = logging.getLogger(__name__)
+
+_FORMAT = 1  # of the cache files: a new format never reads an old file as its own
+_MARGIN = 0.10
+# Rounds of calls per token count: at least _MIN_ROUNDS, more while they add up to less than _BUDGET_S seconds
+# (small M is cheap and noisy).
+_MIN_ROUNDS, _MAX_ROUNDS, _BUDGET_S = 3, 32, 5e-3
+# A measurement is cached only if its threads ran most of the time it took (process CPU time over wall time times
+# threads: 0.97 measured on a quiet 2-core VM, 0.38 with three other busy processes): a choice timed while other
+# work held the cores would be kept for good.
+_MIN_CPU_SHARE = 0.8
+
+
+@dataclass(slots=True)
+class GemmGroup:
+    """One projection of every decoder layer (their weights share a shape), or the vocabulary projection."""
+
+    name: str  # "q_proj+k_proj+v_proj", ..., "lm_head"
+    projections: list[Projection]
+    max_tokens: int  # the most rows a step gives it
+
+    @property
+    def shape(self) -> list:
+        first = self.projections[0]
+        return [self.name, first.out_features, first.in_features, first.bias is not None, len(self.projections),
+                self.max_tokens]
+
+    def token_counts(self) -> list[int]:
+        """M = 1, 2, 4, ... below ``max_tokens``, then ``max_tokens``."""
+        powers = [1 << i for i in range(self.max_tokens.bit_length()) if 1 << i < self.max_tokens]
+        return [*powers, self.max_tokens]
+
+
+@dataclass(slots=True)
+class GemmChoice:
+    """Every group's bands and where they came from, for ``LLMEngine.stats()`` and the start-up log."""
+
+    dtype: torch.dtype
+    mode: str  # EngineConfig.gemm
+    source: str  # "measured", "cache", or "fixed" (a path named by the config, or the only one available)
+    bands: dict[str, list[tuple[int, str]]]  # group name -> (max tokens, path) by increasing max tokens
+    gflops: dict[str, dict[str, list]] = field(default_factory=dict)  # group -> {"tokens": [M...], path: [...]}
+    seconds: float = 0.0  # spent timing
+    cache_file: str | None = None
+
+    def describe(self) -> str:
+        return "; ".join(f"{name} " + ", ".join(f"{path} M<={limit}" for limit, path in bands)
+                         for name, bands in self.bands.items())
+
+    def stats(self) -> dict:
+        return {"dtype": str(self.dtype).removeprefix("torch."), "mode": self.mode, "source": self.source,
+                "tuning_seconds": round(self.seconds, 2), "cache_file": self.cache_file,
+                "bands": {name: [{"max_tokens": limit, "path": path} for limit, path in bands]
+                          for name, bands in self.bands.items()},
+                "gflops": self.gflops}
+
+
+def choose_gemm(model, *, mode: str, dtype: torch.dtype, device: torch.device, max_num_batched_tokens: int,
+                max_num_seqs: int) -> GemmChoice:
+    """Pick every projection's GEMM path (a fixed one, the cached choice, or measured now) and bind it."""
+    groups = gemm_groups(model, max_num_batched_tokens, min(max_num_seqs, max_num_batched_tokens))
+    paths = available_paths(device.type, dtype)
+    packed: dict[str, dict[str, list[torch.Tensor]]] = {}
+    if mode != "auto" or len(paths) == 1:
+        path = paths[0] if mode == "auto" else mode
+        if path not in paths:
+            raise ValueError(f"gemm={mode!r}: that path does not run {dtype} on {device.type} here "
+                             f"(available: {', '.join(paths)})")
+        choice = GemmChoice(dtype, mode, "fixed", {g.name: [(g.max_tokens, path)] for g in groups})
+    else:
+        choice, packed = _cached_or_measured(groups, dtype, paths)
+    _bind(groups, choice, packed)
+    detail = f" in {choice.seconds:.1f}s" if choice.source == "measured" else ""
+    logger.info("GEMM paths for %s (%s%s): %s", str(dtype).removeprefix("torch."), choice.source, detail,
+                choice.describe())
+    return choice
+
+
+def gemm_groups(model, max_tokens: int, max_sampled: int) -> list[GemmGroup]:
+    """The model's projections grouped by name across layers, then the vocabulary projection."""
+    groups: dict[str, GemmGroup] = {}
+    for projection in model.layers.modules():
+        if isinstance(projection, Projection):
+            name = "+".join(projection.module_names)
+            groups.setdefault(name, GemmGroup(name, [], max_tokens)).projections.append(projection)
+    return [*groups.values(), GemmGroup("lm_head", [model.lm_head], max_sampled)]
+
+
+def _cached_or_measured(groups: list[GemmGroup], dtype: torch.dtype, paths: tuple[str, ...]):
+    key = _cache_key(groups, dtype, paths)
+    path = cache_dir() / f"gemm-{hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]}.json"
+    entry = _read_cache(path, key, groups, paths)
+    if entry is not None:
+        bands = {name: [tuple(band) for band in value] for name, value in entry["bands"].items()}
+        return GemmChoice(dtype, "auto", "cache", bands, entry["gflops"], entry["seconds"], str(path)), {}
+    start, cpu_start = time.perf_counter(), time.process_time()
+    gflops, packed = {}, {}
+    for group in groups:
+        gflops[group.name], packed[group.name] = _time_group(group, dtype, paths)
+    bands = {name: _pick(table) for name, table in gflops.items()}
+    seconds = time.perf_counter() - start
+    choice = GemmChoice(dtype, "auto", "measured", bands, gflops, seconds, str(path))
+    share = (time.process_time() - cpu_start) / (seconds * torch.get_num_threads())
+    if share < _MIN_CPU_SHARE:
+        logger.warning("other work held the cores while the GEMMs were timed (%.0f%% of %d threads' time was "
+                       "ours): the choice serves this run only, the next start times again", 100 * share,
+                       torch.get_num_threads())
+        return choice, packed
+    _write_cache(path, {"key": key, "bands": bands, "gflops": gflops, "seconds": seconds, "cpu_share": share})
+    return choice, packed
+
+
+@torch.inference_mode()
+def _time_group(group: GemmGroup, dtype: torch.dtype, paths: tuple[str, ...]):
+    """GFLOP/s of each path at each token count, and each path's operands (a packed copy of every weight)."""
+    first = group.projections[0]
+    biases = [p.bias for p in group.projections]
+    operands = {name: [PATHS[name].pack(p.weight) for p in group.projections] for name in paths}
+    generator = torch.Generator().manual_seed(0)  # the global generator is the caller's
+    table: dict[str, list] = {"tokens": group.token_counts(), **{name: [] for name in paths}}
+    for m in table["tokens"]:
+        x = torch.randn(m, first.in_features, generator=generator).to(dtype)  # [M, in]
+        for name, seconds in _fastest_calls(paths, operands, biases, x).items():
+            table[name].append(round(2 * m * first.in_features * first.out_features / seconds / 1e9, 1))
+    return table, operands
+
+
+def _fastest_calls(paths: tuple[str, ...], operands: dict[str, list], biases: list, x: torch.Tensor) -> dict:
+    """Each path's fastest call at x's M, in seconds. The paths take turns, so a burst of other work on the machine
+    slows them alike, and the fastest call is kept: other work only ever adds time (as does the first call of a
+    shape, which builds oneDNN's primitive). The calls cycle through the layers' weights."""
+    best = dict.fromkeys(paths, float("inf"))
+    spent, rounds = 0.0, 0
+    while rounds < _MIN_ROUNDS or (spent < _BUDGET_S and rounds < _MAX_ROUNDS):
+        i = rounds % len(biases)
+        for name in paths:
+            start = time.perf_counter()
+            PATHS[name].run(x, operands[name][i], biases[i])
+            elapsed = time.perf_counter() - start
+            best[name], spent = min(best[name], elapsed), spent + elapsed
+        rounds += 1
+    return best
+
+
+def _pick(table: dict[str, list]) -> list[tuple[int, str]]:
+    """Bands from a group's GFLOP/s table (see the module docstring for the margin)."""
+    tokens, paths = table["tokens"], [name for name in table if name != "tokens"]
+    winners = [max(paths, key=lambda name: table[name][i]) for i in range(len(tokens))]
+    usual = Counter(winners).most_common(1)[0][0]
+    bands: list[tuple[int, str]] = []
+    for i, m in enumerate(tokens):
+        best = winners[i]
+        path = best if table[best][i] * (1 - _MARGIN) > table[usual][i] else usual
+        if bands and bands[-1][1] == path:
+            bands[-1] = (m, path)
+        else:
+            bands.append((m, path))
+    return bands
+
+
+def _bind(groups: list[GemmGroup], choice: GemmChoice, packed: dict) -> None:
+    for group in groups:
+        bands = choice.bands[group.name]
+        if all(path == "torch" for _, path in bands):
+            continue  # F.linear on the plain weight: the projection's default
+        measured = packed.get(group.name, {})  # operands made while timing, reused rather than packed again
+        used = {path for _, path in bands} & measured.keys()
+        for i, projection in enumerate(group.projections):
+            operands = {path: measured[path][i] for path in used}
+            projection.use_kernel(LinearKernel(projection.weight, projection.bias, bands, operands))
+
+
+# ---- the cache on disk
+def cache_dir() -> Path:
+    root = os.environ.get("ENGINE_GEMM_CACHE_DIR")
+    if root:
+        return Path(root)
+    return Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "lora-platform" / "gemm"
+
+
+def _cache_key(groups: list[GemmGroup], dtype: torch.dtype, paths: tuple[str, ...]) -> dict:
+    info = cpu_info()
+    return {"format": _FORMAT, "cpu": info.model_name, "flags": info.gemm_flags, "torch": torch.__version__,
+            "threads": torch.get_num_threads(), "dtype": str(dtype).removeprefix("torch."), "paths": list(paths),
+            "shapes": [group.shape for group in groups]}
+
+
+def _read_cache(path: Path, key: dict, groups: list[GemmGroup], paths: tuple[str, ...]) -> dict | None:
+    try:
+        entry = json.loads(path.read_text())
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError) as exc:
+        logger.warning("GEMM cache %s is unreadable (%s): timing again", path, exc)
+        return None
+    if not _is_valid_entry(entry, key, {group.name for group in groups}, paths):
+        logger.warning("GEMM cache %s does not match this model and machine: timing again", path)
+        return None
+    return entry
+
+
+def _is_valid_entry(entry, key: dict, names: set[str], paths: tuple[str, ...]) -> bool:
+    if not isinstance(entry, dict) or entry.get("key") != key or not isinstance(entry.get("gflops"), dict):
+        return False
+    bands = entry.get("bands")
+    return isinstance(bands, dict) and set(bands) == names and all(
+        value and all(len(band) == 2 and band[1] in paths for band in value) for value in bands.values())
+
+
+def _write_cache(path: Path, entry: dict) -> None:
+    # A temporary name then a rename: a concurrent start never reads a half-written file.
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(suffix=".tmp", dir=path.parent)
+        try:
+            with os.fdopen(fd, "w") as file:
+                json.dump(entry, file, indent=1)
+            os.replace(tmp, path)
+        finally:
+            if os.path.exists(tmp):
+                os.unlink(tmp)
+    except OSError as exc:
+        logger.warning("could not write the GEMM cache %s (%s): the next start times again", path, exc)

@@ -1,0 +1,173 @@
+"""GEMM paths against F.linear, the kernel's bands, and the per-machine choice: timed once, cached, reused."""
+
+import json
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from engine import LLM, SamplingParams
+from engine.cpu_info import CpuInfo
+from engine.models import gemm_choice
+from engine.models.gemm import PATHS, GemmPath, LinearKernel, available_paths
+from engine.models.linear import Projection
+
+GREEDY = SamplingParams(temperature=0, max_tokens=12)
+PROMPTS = [[5, 6, 7, 8, 9], list(range(40, 71))]
+# With one path there is nothing to time: the choice is fixed and nothing is cached.
+needs_onednn = pytest.mark.skipif(available_paths("cpu", torch.float32) == ("torch",), reason="no oneDNN here")
+
+
+@pytest.fixture
+def gemm_cache(tmp_path, monkeypatch):
+    """An empty GEMM cache directory of the test's own."""
+    monkeypatch.setenv("ENGINE_GEMM_CACHE_DIR", str(tmp_path))
+    return tmp_path
+
+
+@needs_onednn
+def test_this_torch_build_has_onednn_for_fp32_and_bf16():
+    assert available_paths("cpu", torch.float32) == ("torch", "onednn")
+    assert available_paths("cpu", torch.bfloat16) == ("torch", "onednn")
+    assert available_paths("cuda", torch.bfloat16) == ("torch",)  # cuBLAS through F.linear, nothing else
+
+
+# (out, in, bias): SmolLM2-135M's q|k|v and down, odd sizes with a bias, and a tiny one
+SHAPES = [(960, 576, False), (576, 1536, False), (37, 100, True), (8, 16, True)]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize(("out_features", "in_features", "bias"), SHAPES)
+def test_every_path_computes_f_linear(dtype, out_features, in_features, bias):
+    """Each path against F.linear in fp32 on the same (dtype-rounded) values. fp32: only the summation order
+    differs (1e-5). bf16: fp32 sums, then one rounding of the output to bf16 (2^-8 relative; 2^-7 allowed)."""
+    g = torch.Generator().manual_seed(out_features)
+    weight = (torch.randn(out_features, in_features, generator=g) / in_features**0.5).to(dtype)  # [out, in]
+    b = torch.randn(out_features, generator=g).to(dtype) if bias else None  # [out]
+    rtol, atol = (1e-5, 1e-5) if dtype == torch.float32 else (2**-7, 1e-3)
+    for path in available_paths("cpu", dtype):
+        kernel = LinearKernel(weight, b, [(1, path)])
+        for m in (1, 7, 64, 300):
+            x = torch.randn(m, in_features, generator=g).to(dtype)  # [M, in]
+            expected = F.linear(x.float(), weight.float(), None if b is None else b.float())
+            got = kernel(x)
+            assert got.dtype == dtype and got.shape == (m, out_features)
+            torch.testing.assert_close(got.float(), expected, rtol=rtol, atol=atol, msg=f"{path} at M={m}")
+
+
+def test_the_kernel_runs_the_path_of_each_token_counts_band(monkeypatch):
+    for name in ("a", "b"):  # paths that say which ran
+        monkeypatch.setitem(PATHS, name, GemmPath(name, lambda w: w, lambda x, w, bias, tag=name: tag))
+    kernel = LinearKernel(torch.zeros(4, 4), None, [(2, "a"), (8, "b")])
+    assert [kernel(torch.zeros(m, 4)) for m in (1, 2, 3, 8, 9, 100)] == ["a", "a", "b", "b", "b", "b"]
+    with pytest.raises(ValueError, match="bands"):
+        LinearKernel(torch.zeros(4, 4), None, [(2, "cublas")])
+
+
+@needs_onednn
+def test_a_projection_bound_to_a_prepacked_path_lets_go_of_its_plain_weight():
+    projection = Projection("model.layers.0.mlp", 16, [("gate_proj", 8), ("up_proj", 8)], bias=True)
+    projection.weight.copy_(torch.randn(16, 16))
+    projection.bias.copy_(torch.randn(16))
+    x = torch.randn(3, 16)
+    expected = projection(x)
+    projection.use_kernel(LinearKernel(projection.weight, projection.bias, [(4, "onednn")]))
+    assert projection.weight is None
+    torch.testing.assert_close(projection(x), expected, rtol=1e-5, atol=1e-5)
+
+
+def test_bands_take_the_fastest_path_unless_the_usual_one_is_close():
+    table = {"tokens": [1, 2, 4, 8, 16], "torch": [10.0, 20.0, 30.0, 110.0, 95.0],  # GFLOP/s
+             "onednn": [10.5, 40.0, 60.0, 104.0, 150.0]}
+    # onednn wins 4 of 5 counts; at M=8 torch is faster, by less than the margin
+    assert gemm_choice._pick(table) == [(16, "onednn")]
+    table["torch"][0] = 20.0  # twice as fast at M=1: a band of its own
+    assert gemm_choice._pick(table) == [(1, "torch"), (16, "onednn")]
+
+
+def test_token_counts_are_powers_of_two_up_to_the_limit():
+    group = gemm_choice.GemmGroup("o_proj", [], 100)
+    assert group.token_counts() == [1, 2, 4, 8, 16, 32, 64, 100]
+    group.max_tokens = 1
+    assert group.token_counts() == [1]
+
+
+@needs_onednn
+def test_first_start_times_and_writes_the_cache_and_a_restart_reads_it(tiny_llama, gemm_cache, monkeypatch):
+    first = LLM(str(tiny_llama), dtype="float32", num_kv_blocks=64, block_size=4, max_num_batched_tokens=64)
+    stats = first.llm_engine.stats()["gemm"]
+    assert stats["source"] == "measured" and stats["dtype"] == "float32" and stats["mode"] == "auto"
+    assert set(stats["bands"]) == {"q_proj+k_proj+v_proj", "o_proj", "gate_proj+up_proj", "down_proj", "lm_head"}
+    assert stats["bands"]["lm_head"][-1]["max_tokens"] == 64  # min(max_num_seqs, max_num_batched_tokens)
+    assert stats["gflops"]["o_proj"]["tokens"] == [1, 2, 4, 8, 16, 32, 64]
+    files = list(gemm_cache.iterdir())
+    assert [str(f) for f in files] == [stats["cache_file"]]
+    entry = json.loads(files[0].read_text())
+    assert entry["key"]["torch"] == torch.__version__ and entry["key"]["threads"] == torch.get_num_threads()
+    assert entry["key"]["dtype"] == "float32" and "onednn" in entry["key"]["paths"]
+    expected = [o.outputs[0].token_ids for o in first.generate(PROMPTS, GREEDY, use_tqdm=False)]
+
+    def no_timing(*args, **kwargs):
+        raise AssertionError("a restart timed the GEMMs again")
+
+    monkeypatch.setattr(gemm_choice, "_time_group", no_timing)
+    second = LLM(str(tiny_llama), dtype="float32", num_kv_blocks=64, block_size=4, max_num_batched_tokens=64)
+    again = second.llm_engine.stats()["gemm"]
+    assert again["source"] == "cache" and again["bands"] == stats["bands"] and again["gflops"] == stats["gflops"]
+    assert [o.outputs[0].token_ids for o in second.generate(PROMPTS, GREEDY, use_tqdm=False)] == expected
+
+
+@needs_onednn
+def test_another_cpu_dtype_or_shape_is_timed_again_and_a_broken_file_too(tiny_llama, gemm_cache, monkeypatch):
+    def start(**kwargs):
+        llm = LLM(str(tiny_llama), num_kv_blocks=64, block_size=4, max_num_batched_tokens=32, **kwargs)
+        return llm.llm_engine.stats()["gemm"]
+
+    first = start(dtype="float32")
+    assert start(dtype="bfloat16")["source"] == "measured"
+    assert start(dtype="float32", max_num_seqs=8)["source"] == "measured"  # lm_head sees at most 8 rows
+    monkeypatch.setattr(gemm_choice, "cpu_info", lambda: CpuInfo("Another CPU", frozenset({"avx2"})))
+    assert start(dtype="float32")["source"] == "measured"
+    monkeypatch.undo()
+    monkeypatch.setenv("ENGINE_GEMM_CACHE_DIR", str(gemm_cache))
+    assert start(dtype="float32")["source"] == "cache"
+    with open(first["cache_file"], "w") as file:
+        file.write('{"key": "truncated')
+    assert start(dtype="float32")["source"] == "measured"
+    assert start(dtype="float32")["source"] == "cache"  # rewritten whole
+    assert len(list(gemm_cache.glob("*.json"))) == 4 and not list(gemm_cache.glob("*.tmp"))
+
+
+@needs_onednn
+def test_a_choice_timed_on_a_busy_machine_serves_its_run_and_is_not_cached(tiny_llama, gemm_cache, monkeypatch,
+                                                                          caplog):
+    monkeypatch.setattr(gemm_choice, "_MIN_CPU_SHARE", 2.0)  # no run gets twice its threads' time: always busy
+    for _ in range(2):
+        llm = LLM(str(tiny_llama), dtype="float32", num_kv_blocks=64, block_size=4, max_num_batched_tokens=16)
+        assert llm.llm_engine.stats()["gemm"]["source"] == "measured"
+    assert not list(gemm_cache.iterdir()) and "the next start times again" in caplog.text
+
+
+@pytest.mark.parametrize("variant", ["tiny_llama", "tiny_llama_tied_bias"])  # the tied lm_head keeps the embedding
+def test_a_fixed_path_does_no_timing(variant, request, gemm_cache, monkeypatch):
+    folder = request.getfixturevalue(variant)
+    monkeypatch.setattr(gemm_choice, "_time_group", lambda *a, **k: pytest.fail("timed a fixed path"))
+    plain = LLM(str(folder), dtype="float32", gemm="torch", num_kv_blocks=64, block_size=4)
+    stats = plain.llm_engine.stats()["gemm"]
+    assert stats["source"] == "fixed" and stats["cache_file"] is None
+    assert all(band == [{"max_tokens": band[0]["max_tokens"], "path": "torch"}] for band in stats["bands"].values())
+    model = plain.llm_engine.model_runner.model
+    assert all(p.kernel is None for p in model.modules() if isinstance(p, Projection))  # F.linear, as before
+    expected = [o.outputs[0].token_ids for o in plain.generate(PROMPTS, GREEDY, use_tqdm=False)]
+    if "onednn" in available_paths("cpu", torch.float32):
+        packed = LLM(str(folder), dtype="float32", gemm="onednn", num_kv_blocks=64, block_size=4)
+        model = packed.llm_engine.model_runner.model
+        assert all(p.kernel.paths == {"onednn"} for p in model.modules() if isinstance(p, Projection))
+        assert [o.outputs[0].token_ids for o in packed.generate(PROMPTS, GREEDY, use_tqdm=False)] == expected
+    assert not list(gemm_cache.iterdir())
+
+
+def test_a_path_this_machine_lacks_is_refused(tiny_llama, monkeypatch):
+    monkeypatch.setattr(gemm_choice, "available_paths", lambda device_type, dtype: ("torch",))
+    with pytest.raises(ValueError, match="gemm='onednn'"):
+        LLM(str(tiny_llama), gemm="onednn", num_kv_blocks=64, block_size=4)
