@@ -80,3 +80,18 @@ def test_batch_fill_equals_the_per_row_fill(backend):
         matcher.fill_bitmask(single, row)
     assert torch.equal(batch, single)
     assert (batch[3] == -1).all() and allowed_ids(batch[1]) == set(backend.tokenizer.eos_token_ids)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_sparse_and_dense_rows_in_one_batch_are_masked_alike(dtype):
+    """Rows allowing a few tokens take the sparse path, the others xgrammar's kernel: the result is the same."""
+    logits = torch.randn(6, VOCAB + 64).to(dtype)  # [batch, width]: wider than the vocabulary, as a padded lm_head
+    bitmask = random_bitmask(6, VOCAB)
+    allow_only(bitmask, 1, [0, 31, 32, 5000, VOCAB - 1])  # sparse
+    allow_only(bitmask, 4, [])  # nothing allowed at all
+    allow_only(bitmask, 5, list(range(0, VOCAB, 97)))  # one bit in many words: dense
+    before, rows = logits.clone(), [0, 1, 4, 5]
+    apply_bitmask(logits, bitmask, rows)
+    allowed = torch.nn.functional.pad(unpacked(bitmask, VOCAB), (0, 64))
+    expected = before.masked_fill(~allowed, float("-inf"))
+    assert torch.equal(logits[rows], expected[rows]) and torch.equal(logits[[2, 3]], before[[2, 3]])
