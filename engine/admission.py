@@ -3,7 +3,8 @@
 The scheduler has one waiting loop; a policy gives it the order (:meth:`order`), says of each sequence whether
 to admit it, pass over it or stop there (:meth:`decide`), and hears what happens to admitted and released
 sequences. :class:`FirstComeFirstServed` is the default; with LoRA the engine uses
-:class:`engine.lora.admission.AdapterAdmission` (and a fair policy when that lands).
+:class:`engine.lora.admission.AdapterAdmission`; the engine wraps either in :class:`engine.fairness.FairAdmission`,
+which regroups the order by tenant and owns the hooks below that only fairness needs (no-ops here).
 """
 
 import enum
@@ -36,5 +37,22 @@ class FirstComeFirstServed:
     def release(self, seq: Sequence) -> None:
         """The sequence stopped running (finished, aborted or preempted)."""
 
+    def admitted(self, seq: Sequence, step: int) -> None:
+        """The sequence was admitted (it is running) at scheduler step ``step``."""
+
     def check_invariants(self, running: list[Sequence]) -> None:
         """Debug checks at the end of a step."""
+
+    # ---- fairness hooks (engine.fairness.FairAdmission)
+    def join(self, seq: Sequence) -> None:
+        """A sequence was queued for the first time."""
+
+    def leave(self, seq: Sequence) -> None:
+        """A sequence left for good (finished or aborted)."""
+
+    def account(self, seqs: list[Sequence], num_new_tokens: list[int]) -> None:
+        """A step was scheduled: these sequences compute these many tokens."""
+
+    def victim(self, running: list[Sequence], waiting: Iterable[Sequence], step: int) -> Sequence | None:
+        """A running sequence to preempt so a waiting one can be served (the batch has no room); None: keep all."""
+        return None

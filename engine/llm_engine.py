@@ -22,6 +22,8 @@ from pathlib import Path
 
 from engine.block_manager import BlockManager
 from engine.config import EngineConfig, ModelConfig
+from engine.fair_share import FairShare
+from engine.fairness import FairAdmission
 from engine.input_processor import InputProcessor
 from engine.lora.errors import AdapterError
 from engine.lora.request import LoRARequest
@@ -90,10 +92,10 @@ class LLMEngine:
             self.model_runner.model.bind_lora(self.adapters.slot_cache)
         self.block_manager = BlockManager(self.model_runner.num_blocks, config.block_size,
                                           config.enable_prefix_caching)
+        inner = self.adapters.admission if self.adapters is not None else None
         self.scheduler = Scheduler(self.block_manager, max_num_seqs=config.max_num_seqs,
                                    max_num_batched_tokens=config.max_num_batched_tokens,
-                                   check_invariants=config.check_invariants,
-                                   admission=self.adapters.admission if self.adapters is not None else None)
+                                   check_invariants=config.check_invariants, admission=FairAdmission(inner))
         self.input_processor = InputProcessor(
             self.tokenizer, vocab_size=self.model_config.vocab_size, max_model_len=self.max_model_len,
             num_kv_blocks=self.block_manager.num_blocks, block_size=config.block_size,
@@ -141,16 +143,23 @@ class LLMEngine:
         prompt_token_ids: list[int] | None = None,
         lora_request=None,
         cache_salt: str | None = None,
+        fairness_key: str | None = None,
+        fairness_weight: float | None = None,
+        priority: str | None = None,
     ) -> None:
         """Queue a request; its ``params.n`` completions are scheduled as separate sequences. ``cache_salt``:
-        prefix-cache blocks are shared only with requests of the same salt (None: with every unsalted one)."""
+        prefix-cache blocks are shared only with requests of the same salt (None: with every unsalted one).
+        ``fairness_key`` (opaque: a tenant's keyed hash), ``fairness_weight`` (default 1) and ``priority``
+        (``interactive``, the default, or ``batch``): fair admission between keys (:mod:`engine.fairness`)."""
         if request_id in self.requests:
             raise ValueError(f"request id {request_id!r} is already in use")
         params = params or SamplingParams()
+        share = FairShare.of(fairness_key, fairness_weight, priority)
         text, token_ids, seqs = self.input_processor.process(request_id, prompt, params,
                                                              prompt_token_ids=prompt_token_ids,
                                                              lora_request=lora_request, cache_salt=cache_salt)
         for seq in seqs:
+            seq.fair_share = share
             self.scheduler.add(seq)
         request = self.requests[request_id] = Request(request_id, text, token_ids, seqs,
                                                       RequestMetrics(time.monotonic()), lora_request)
@@ -296,9 +305,12 @@ class LLMEngine:
             "prefix_cache": {"queried_tokens": bm.num_queried_tokens, "hit_tokens": bm.num_hit_tokens},
             "tokens": {"prompt": self.counters["prompt_tokens"], "generated": self.counters["generated_tokens"],
                        "computed": self.counters["computed_tokens"]},
+            "limits": {"max_num_seqs": self.config.max_num_seqs,
+                       "max_num_batched_tokens": self.config.max_num_batched_tokens},
             "steps": self.counters["steps"],
             "step_errors": self.counters["step_errors"],
             "preemptions": self.scheduler.num_preemptions,
+            "fairness": self.scheduler.admission.stats(),  # counters by opaque key, never a tenant's name
             "gemm": self.model_runner.gemm.stats(),  # dtype and the GEMM path of each projection per band of M
             **(self.adapters.stats() if self.adapters is not None else _NO_ADAPTERS),
         }

@@ -9,7 +9,9 @@ recomputed later (its own prefix blocks are likely still cached).
 Which waiting sequences are tried, in what order, and whether each may join is the admission policy's call
 (:mod:`engine.admission`): first come, first served by default; with multi-LoRA
 :class:`engine.lora.admission.AdapterAdmission` (resident adapters first, bounded waiting, loads started for the
-others; a running sequence pins its adapter's slot from admission until it finishes or is preempted).
+others; a running sequence pins its adapter's slot from admission until it finishes or is preempted). The engine
+wraps it in :class:`engine.fairness.FairAdmission`: waiting sequences go by tenant (priority class, then the least
+service so far), and when the batch has no room a running sequence may be preempted for a much less served one.
 """
 
 import bisect
@@ -59,24 +61,37 @@ class Scheduler:
         self.running: list[Sequence] = []  # arrival order: the last one is preempted first
         self.num_preemptions = 0
         self.num_steps = 0
+        self._short_of_blocks = False  # the last step left waiting sequences out for want of KV blocks
 
     def add(self, seq: Sequence) -> None:
         assert seq.status is SequenceStatus.WAITING and not seq.block_table
         seq.arrival_step = self.num_steps
         self.waiting.append(seq)
+        self.admission.join(seq)
 
     def has_unfinished(self) -> bool:
         return bool(self.waiting or self.running)
 
     def schedule(self) -> SchedulerOutput:
         out = SchedulerOutput()
+        if self.waiting and (len(self.running) >= self.max_num_seqs or self._short_of_blocks):
+            self._preempt_for_fairness()
         budget = self._schedule_running(out)
+        self._short_of_blocks = False
         if not out.preempted:  # short of blocks: admitting more would only preempt again
             self._schedule_waiting(out, budget)
+        self.admission.account(out.seqs, out.num_new_tokens)
         self.num_steps += 1
         if self.check_invariants:
             self._check(out)
         return out
+
+    def _preempt_for_fairness(self) -> None:
+        """The batch is full: one running sequence makes room if the policy names one (a much more served key's)."""
+        victim = self.admission.victim(self.running, self.waiting, self.num_steps)
+        if victim is not None:
+            self.running.remove(victim)
+            self._preempt(victim)
 
     def _schedule_running(self, out: SchedulerOutput) -> int:
         budget = self.max_num_batched_tokens
@@ -108,6 +123,7 @@ class Scheduler:
                 continue
             num_new = self._admit(seq, budget)
             if num_new == 0:
+                self._short_of_blocks = True
                 break  # short of blocks: nobody younger may overtake on blocks
             admitted.add(id(seq))
             bisect.insort(self.running, seq, key=_arrival)
@@ -128,6 +144,7 @@ class Scheduler:
         self.admission.acquire(seq)
         seq.num_computed_tokens = seq.num_cached_tokens = num_cached
         seq.status = SequenceStatus.RUNNING
+        self.admission.admitted(seq, self.num_steps)
         return num_new
 
     def _preempt(self, seq: Sequence) -> None:
@@ -155,6 +172,7 @@ class Scheduler:
             if id(seq) in done:
                 self.block_manager.free(seq)
                 self.admission.release(seq)
+                self.admission.leave(seq)
                 seq.status = SequenceStatus.FINISHED
                 seq.finish_reason = reason
         self.running = [seq for seq in self.running if id(seq) not in done]

@@ -15,6 +15,7 @@ from collections.abc import Hashable
 
 import torch
 
+from engine.fair_share import UNKEYED
 from engine.sampling_params import SamplingParams
 
 
@@ -48,7 +49,7 @@ class Sequence:
         "token_ids", "num_prompt_tokens", "num_computed_tokens", "num_cached_tokens", "status",
         "block_table", "block_hashes", "num_hashed_blocks",
         "detokenizer", "matcher", "logprobs", "cumulative_logprob", "finish_reason", "stop_reason",
-        "num_preemptions",
+        "num_preemptions", "fair_share",
     )
 
     def __init__(
@@ -90,6 +91,7 @@ class Sequence:
         self.finish_reason: str | None = None  # "stop" | "length" | "abort"
         self.stop_reason: int | str | None = None  # the stop token id or stop string that ended it
         self.num_preemptions = 0
+        self.fair_share = UNKEYED  # whose it is, for fair admission (engine.fairness); set once by the engine
 
     @property
     def num_tokens(self) -> int:

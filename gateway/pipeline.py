@@ -119,7 +119,7 @@ async def run_generation(caller: Caller, kind: str, raw_body: bytes,
         raise
     metrics.overhead_seconds.observe(time.monotonic() - started)
     _count_spill(target, upstream.pool.replicas, replica)
-    relay = Relay(parsed, target.model, meter, response, replica, upstream.pool)
+    relay = Relay(parsed, target.model, meter, response, replica, upstream.pool, target.affinity_key)
     headers = {"X-Request-Id": request_id, **meter.reservation.headers}
     if parsed.stream:
         relay.watch_start(STREAM_START_DEADLINE_S)

@@ -26,19 +26,20 @@ DONE = b"data: [DONE]\n\n"
 
 class Relay:
     def __init__(self, parsed: OpenAIRequest, model: str, meter: Meter, response: httpx.Response,
-                 replica: Replica, pool: ReplicaPool):
+                 replica: Replica, pool: ReplicaPool, affinity_key: str | None = None):
         self.parsed = parsed
         self.model = model
         self.meter = meter
         self.response = response
         self.replica = replica
         self.pool = pool
+        self.affinity_key = affinity_key
         self._first_token_seen = False
         self._last_chunk: dict | None = None
         self._started = False
         self._closed = False
         self._start_timer: asyncio.TimerHandle | None = None
-        replica.in_flight += 1  # its load estimate, until this request ends
+        pool.opened(replica, affinity_key)  # its load estimate (and its adapter's), until this request ends
         metrics.streams_open.inc()
 
     def watch_start(self, deadline_s: float) -> None:
@@ -187,7 +188,7 @@ class Relay:
         if self._closed:
             return
         self._closed = True
-        self.replica.in_flight -= 1
+        self.pool.closed(self.replica, self.affinity_key)
         metrics.streams_open.dec()
         try:
             await self.response.aclose()

@@ -73,6 +73,12 @@ class FakePool:
     def mark_down(self, replica):
         self.down.append(replica.url)
 
+    def opened(self, replica, affinity_key):
+        replica.in_flight += 1
+
+    def closed(self, replica, affinity_key):
+        replica.in_flight -= 1
+
 
 async def open_relay(parts, *, pause=0.0, **client_body):
     kind = "chat" if "messages" in client_body else "completion"

@@ -141,3 +141,81 @@ def test_a_replica_that_refuses_a_connection_is_marked_down_until_a_probe_finds_
 def test_a_pool_needs_engines():
     with pytest.raises(ValueError, match="ENGINE_URLS"):
         ReplicaPool([], None, "key", ttl_s=1)
+
+
+class Clock:
+    def __init__(self):
+        self.now = 0.0
+
+    def __call__(self):
+        return self.now
+
+
+def spread_pool(seats: int = 4) -> tuple[ReplicaPool, Clock]:
+    clock = Clock()
+    pool = ReplicaPool(URLS, http=None, api_key="k", ttl_s=1e9, clock=clock)
+    for replica in pool.replicas:
+        replica.seats, replica.checked_at = seats, 0.0  # fresh: no probe runs
+    return pool, clock
+
+
+def ranking_urls(key: str) -> list[str]:
+    return sorted(URLS, key=lambda url: rendezvous_score(key, url), reverse=True)
+
+
+def first_candidate(pool: ReplicaPool, key: str) -> Replica:
+    return asyncio.run(pool.candidates(key))[0]
+
+
+def open_requests(pool: ReplicaPool, key: str, count: int) -> list[Replica]:
+    chosen = []
+    for _ in range(count):
+        replica = first_candidate(pool, key)
+        pool.opened(replica, key)
+        chosen.append(replica)
+    return chosen
+
+
+def test_a_hot_adapter_spreads_over_its_ranking_and_narrows_back_when_it_cools():
+    pool, clock = spread_pool(seats=4)
+    key, order = "adp_hot_v1", ranking_urls("adp_hot_v1")
+    first = open_requests(pool, key, 4)
+    assert {r.url for r in first} == {order[0]} and pool.spread_of(key) == 1  # what one replica seats
+    clock.now = 10.0
+    more = open_requests(pool, key, 4)  # past one replica's seats: the second of its ranking joins
+    assert pool.spread_of(key) == 2
+    assert {r.url for r in more} == {order[1]}  # the least loaded of the set
+    grown = open_requests(pool, key, 4)  # within SPREAD_HOLD_S of the last change: no third yet
+    assert pool.spread_of(key) == 2 and {r.url for r in grown} == {order[0], order[1]}
+    for replica in first + more + grown:
+        pool.closed(replica, key)
+    clock.now = 20.0
+    open_requests(pool, key, 1)  # cool: the shrink timer starts, the set holds
+    assert pool.spread_of(key) == 2
+    clock.now = 20.0 + 29.0
+    first_candidate(pool, key)
+    assert pool.spread_of(key) == 2
+    clock.now = 20.0 + 31.0
+    first_candidate(pool, key)
+    assert pool.spread_of(key) == 1
+
+
+def test_cold_adapters_stay_on_their_one_rendezvous_replica():
+    pool, _ = spread_pool(seats=4)
+    for i in range(30):
+        key = f"adp_cold{i}_v1"
+        for replica in open_requests(pool, key, 2):
+            assert replica.url == ranking_urls(key)[0]
+        assert pool.spread_of(key) == 1
+
+
+def test_a_spread_set_still_spills_when_all_of_it_is_saturated():
+    pool, clock = spread_pool(seats=1)
+    key, order = "adp_x_v1", ranking_urls("adp_x_v1")
+    open_requests(pool, key, 1)
+    clock.now = 5.0
+    open_requests(pool, key, 1)
+    assert pool.spread_of(key) == 2
+    for replica in pool.replicas:
+        replica.saturated = replica.url in order[:2]
+    assert first_candidate(pool, key).url == order[2]

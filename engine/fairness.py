@@ -1,0 +1,200 @@
+"""Fair admission between tenants: the Virtual Token Counter (VTC; Sheng et al., "Fairness in Serving Large
+Language Models", OSDI '24), with priority classes, around any admission policy.
+
+Each request may carry an opaque ``fairness_key`` (the gateway sends a keyed hash of the tenant, never its name),
+a ``fairness_weight`` and a ``priority`` class. Per key the engine keeps a counter of the service it got, in
+weighted tokens over the key's weight: ``(PREFILL_WEIGHT * prompt tokens computed + OUTPUT_WEIGHT * tokens
+generated) / weight``, charged as steps run (recomputation after preemption counts: it is work done for the key).
+Waiting sequences are admitted in order of (priority, counter, the inner policy's order): the backlogged key with
+the least service goes first, so a tenant flooding the queue waits behind the others' first tokens, and the
+engine stays work-conserving (an idle key never holds seats back). Within one step the order is recomputed as
+sequences are admitted, each admission counted at its prompt's cost, so one step's seats spread over the keys.
+
+A key that was idle (nothing waiting or running) rejoins at ``max(its counter, the least backlogged counter)``:
+idling banks no credit. When nobody is backlogged the floor is the greatest counter, so the next keys to arrive
+start even.
+
+Running sequences are preempted for fairness only past a stated imbalance: the least-served waiting key's counter
+is more than ``preempt_threshold`` weighted tokens below a running key's (or an ``interactive`` sequence waits
+behind ``batch`` ones), the batch has no seat or blocks for it, and the victim ran at least ``min_run_steps`` steps:
+one victim per step, the newest sequence of the most-served running key. A preempted sequence keeps its key's
+counter; its recompute is charged like any prefill.
+
+With no keys and one priority (every request unkeyed and ``interactive``), the inner policy's order is kept as is:
+today's behaviour. Keys are opaque strings; ``/stats`` shows their counters, never a tenant's name.
+"""
+
+import heapq
+from collections.abc import Iterable, Iterator
+
+from engine.admission import Decision, FirstComeFirstServed
+from engine.fair_share import PRIORITIES, UNKEYED, FairShare
+from engine.sequence import Sequence, SequenceStatus
+
+__all__ = ["PRIORITIES", "UNKEYED", "FairAdmission", "FairShare", "VirtualTokenCounter"]
+
+PREFILL_WEIGHT = 1.0  # VTC's w_p: a prompt token computed
+OUTPUT_WEIGHT = 2.0  # VTC's w_q: a generated token (a decode step costs more than a prompt token in a chunk)
+MAX_IDLE_KEYS = 65_536  # counters of idle keys kept past this are dropped, least served first
+
+
+class VirtualTokenCounter:
+    """Service counters per key and which keys are backlogged (have sequences waiting or running)."""
+
+    def __init__(self, prefill_weight: float = PREFILL_WEIGHT, output_weight: float = OUTPUT_WEIGHT,
+                 max_idle_keys: int = MAX_IDLE_KEYS):
+        self.prefill_weight = prefill_weight
+        self.output_weight = output_weight
+        self.max_idle_keys = max_idle_keys
+        self.counters: dict[str | None, float] = {}
+        self.backlog: dict[str | None, int] = {}  # key -> sequences queued or running (only keys with some)
+
+    def floor(self) -> float:
+        """Where a key rejoining now starts: the least backlogged counter, or the greatest when none is."""
+        if self.backlog:
+            return min(self.counters[key] for key in self.backlog)
+        return max(self.counters.values(), default=0.0)
+
+    def join(self, key: str | None) -> None:
+        """A sequence of ``key`` was queued."""
+        if key not in self.backlog:
+            self.counters[key] = max(self.counters.get(key, 0.0), self.floor())
+            self.backlog[key] = 0
+        self.backlog[key] += 1
+
+    def leave(self, key: str | None) -> None:
+        """A sequence of ``key`` finished (or was aborted)."""
+        left = self.backlog[key] - 1
+        if left:
+            self.backlog[key] = left
+            return
+        del self.backlog[key]
+        idle = len(self.counters) - len(self.backlog)
+        if idle > self.max_idle_keys:  # a key below the floor would be lifted to it on rejoin anyway
+            idle_keys = sorted((k for k in self.counters if k not in self.backlog), key=self.counters.__getitem__)
+            for k in idle_keys[: idle - self.max_idle_keys]:
+                del self.counters[k]
+
+    def charge(self, key: str | None, weight: float, prefill_tokens: int, output_tokens: int) -> None:
+        cost = (self.prefill_weight * prefill_tokens + self.output_weight * output_tokens) / weight
+        self.counters[key] = self.counters.get(key, 0.0) + cost
+
+    def cost(self, share: FairShare, prefill_tokens: int) -> float:
+        return self.prefill_weight * prefill_tokens / share.weight
+
+
+class FairAdmission:
+    """Wraps an admission policy (first come first served, or the adapters' one): its decisions and hooks stand,
+    the order it gives is regrouped by (priority, counter). See the module docstring."""
+
+    def __init__(self, inner=None, *, preempt_threshold: float = 8192.0, min_run_steps: int = 16):
+        self.inner = inner or FirstComeFirstServed()
+        self.vtc = VirtualTokenCounter()
+        self.preempt_threshold = preempt_threshold
+        self.min_run_steps = min_run_steps
+        self.num_fair_preemptions = 0
+        self._admitted_step: dict[int, int] = {}  # id(seq) -> the step it was last admitted at
+
+    # ---- what the engine tells it
+    def join(self, seq: Sequence) -> None:
+        self.vtc.join(seq.fair_share.key)
+
+    def leave(self, seq: Sequence) -> None:
+        self.vtc.leave(seq.fair_share.key)
+        self._admitted_step.pop(id(seq), None)
+
+    def account(self, seqs: Iterable[Sequence], num_new_tokens: Iterable[int]) -> None:
+        """Charge a scheduled step: each sequence's prompt (or recompute) tokens and its generated token."""
+        for seq, num_new in zip(seqs, num_new_tokens, strict=True):
+            share = seq.fair_share
+            total = seq.num_computed_tokens + num_new  # before the scheduler's update
+            generated = 1 if total >= seq.num_tokens else 0  # this step samples a token for it
+            self.vtc.charge(share.key, share.weight, num_new - generated, generated)
+
+    # ---- the admission policy interface
+    def order(self, waiting: Iterable[Sequence], step: int) -> Iterable[Sequence]:
+        inner = self.inner.order(waiting, step)
+        queues: dict[tuple[int, str | None], list[Sequence]] = {}
+        for seq in inner:
+            share = seq.fair_share
+            queues.setdefault((share.priority, share.key), []).append(seq)
+        if len(queues) <= 1:
+            return next(iter(queues.values()), [])
+        return self._fair_order(queues)
+
+    def _fair_order(self, queues: dict[tuple[int, str | None], list[Sequence]]) -> Iterator[Sequence]:
+        # (priority, counter so far this step, first position in the inner order) per key; popped lowest first
+        position = {}
+        heap = []
+        for rank, ((priority, key), seqs) in enumerate(queues.items()):
+            position[key] = 0
+            heap.append((priority, self.vtc.counters.get(key, 0.0), rank, key, seqs))
+        heapq.heapify(heap)
+        while heap:
+            priority, counter, rank, key, seqs = heapq.heappop(heap)
+            seq = seqs[position[key]]
+            position[key] += 1
+            yield seq
+            if seq.status is SequenceStatus.RUNNING:  # admitted: the rest of this step sees its prompt's cost
+                counter += self.vtc.cost(seq.fair_share, seq.num_tokens - seq.num_cached_tokens)
+            if position[key] < len(seqs):
+                heapq.heappush(heap, (priority, counter, rank, key, seqs))
+
+    def decide(self, seq: Sequence, step: int, free_seats: int) -> Decision:
+        return self.inner.decide(seq, step, free_seats)
+
+    def prepare(self, seq: Sequence) -> None:
+        self.inner.prepare(seq)
+
+    def acquire(self, seq: Sequence) -> None:
+        self.inner.acquire(seq)
+
+    def admitted(self, seq: Sequence, step: int) -> None:
+        self._admitted_step[id(seq)] = step
+
+    def release(self, seq: Sequence) -> None:
+        self.inner.release(seq)
+
+    def check_invariants(self, running: list[Sequence]) -> None:
+        self.inner.check_invariants(running)
+        backlog: dict = {}
+        for seq in running:
+            backlog[seq.fair_share.key] = backlog.get(seq.fair_share.key, 0) + 1
+        for key, count in backlog.items():
+            assert self.vtc.backlog.get(key, 0) >= count, f"fairness key {key!r} runs more than it has queued"
+
+    # ---- preemption for fairness
+    def victim(self, running: list[Sequence], waiting: Iterable[Sequence], step: int) -> Sequence | None:
+        """The running sequence to preempt so a much less served (or higher priority) waiting key gets in, or
+        None. Called only when the batch has no room for the waiting."""
+        candidates = list(waiting)
+        if not candidates or not running:
+            return None
+        counters = self.vtc.counters
+        best = min(candidates, key=lambda s: (s.fair_share.priority, counters.get(s.fair_share.key, 0.0)))
+        best_priority, best_counter = best.fair_share.priority, counters.get(best.fair_share.key, 0.0)
+        victim, victim_rank = None, None
+        for seq in running:  # arrival order: a later one of the same rank is newer
+            share = seq.fair_share
+            if share.key == best.fair_share.key and share.priority == best_priority:
+                continue
+            if step - self._admitted_step.get(id(seq), step) < self.min_run_steps:
+                continue
+            counter = counters.get(share.key, 0.0)
+            outranked = share.priority > best_priority
+            if not outranked and (share.priority < best_priority or counter - best_counter <= self.preempt_threshold):
+                continue
+            rank = (share.priority, counter)
+            if victim_rank is None or rank >= victim_rank:
+                victim, victim_rank = seq, rank
+        if victim is not None:
+            self.num_fair_preemptions += 1
+        return victim
+
+    def stats(self) -> dict:
+        backlogged = {key: round(self.vtc.counters[key], 1) for key in self.vtc.backlog if key is not None}
+        values = list(backlogged.values())
+        return {"backlogged_keys": len(backlogged), "known_keys": sum(k is not None for k in self.vtc.counters),
+                "counter_spread": round(max(values) - min(values), 1) if values else 0.0,
+                "preemptions": self.num_fair_preemptions,
+                "counters": dict(sorted(backlogged.items(), key=lambda kv: kv[1])[:64])}

@@ -1,0 +1,198 @@
+"""Fair admission (engine.fairness): VTC's counter arithmetic, the rejoin lift, priorities, weights, work
+conservation and preemption past the imbalance threshold, on the scheduler without a model; then through the
+engine with a tiny model."""
+
+import itertools
+
+import pytest
+
+from engine.block_manager import BlockManager
+from engine.fair_share import FairShare
+from engine.fairness import OUTPUT_WEIGHT, PREFILL_WEIGHT, FairAdmission, VirtualTokenCounter
+from engine.sampling_params import SamplingParams
+from engine.scheduler import Scheduler
+from engine.sequence import Sequence
+
+BLOCK = 4
+_ids = itertools.count()
+
+
+def make_seq(num_tokens: int, key: str | None = None, weight: float = 1.0, priority: str | None = None,
+             max_output: int = 4) -> Sequence:
+    i = next(_ids)
+    seq = Sequence(i, f"r{i}", list(range(num_tokens)), SamplingParams(max_tokens=max_output), arrival_index=i)
+    seq.fair_share = FairShare.of(key, weight, priority)
+    return seq
+
+
+def make_scheduler(max_num_seqs=1, max_tokens=64, num_blocks=256, **fair) -> Scheduler:
+    return Scheduler(BlockManager(num_blocks, BLOCK, False), max_num_seqs=max_num_seqs,
+                     max_num_batched_tokens=max_tokens, check_invariants=True, admission=FairAdmission(**fair))
+
+
+def run(scheduler: Scheduler, steps: int) -> list[Sequence]:
+    """Run ``steps`` steps; a sequence finishes after ``max_tokens`` outputs. The sequences admitted, in order."""
+    admitted = []
+    for _ in range(steps):
+        out = scheduler.schedule()
+        admitted += [s for s, n in zip(out.seqs, out.num_new_tokens, strict=True)
+                     if s.num_computed_tokens == s.num_cached_tokens and n and s not in admitted]
+        sampled = [7 if s.num_computed_tokens + n == s.num_tokens else None
+                   for s, n in zip(out.seqs, out.num_new_tokens, strict=True)]
+        scheduler.update(out, sampled)
+        scheduler.finish([s for s in out.seqs if s.num_output_tokens >= s.params.max_tokens], "length")
+    return admitted
+
+
+def test_counter_charges_weighted_tokens_over_the_weight():
+    vtc = VirtualTokenCounter()
+    vtc.charge("a", 1.0, prefill_tokens=10, output_tokens=3)
+    vtc.charge("b", 2.0, prefill_tokens=10, output_tokens=3)
+    assert vtc.counters["a"] == PREFILL_WEIGHT * 10 + OUTPUT_WEIGHT * 3 == 16
+    assert vtc.counters["b"] == 8
+
+
+def test_a_returning_key_is_lifted_to_the_least_backlogged_counter_and_banks_no_credit():
+    vtc = VirtualTokenCounter()
+    vtc.join("a")
+    vtc.charge("a", 1.0, 100, 0)
+    vtc.join("b")  # new: starts at a's counter, not at 0
+    assert vtc.counters["b"] == 100
+    vtc.charge("b", 1.0, 150, 0)
+    vtc.leave("b")
+    vtc.join("b")  # rejoins above the floor: keeps its own counter
+    assert vtc.counters["b"] == 250
+    vtc.leave("a")
+    vtc.leave("b")
+    vtc.join("c")  # nobody backlogged: the floor is the greatest counter, so nobody is owed anything
+    assert vtc.counters["c"] == 250
+
+
+def test_a_flooding_key_waits_behind_another_keys_first_request():
+    scheduler = make_scheduler(max_num_seqs=1)
+    flood = [make_seq(8, "a") for _ in range(4)]
+    for seq in flood:
+        scheduler.add(seq)
+    run(scheduler, 1)  # a's first is admitted alone; then b arrives
+    late = make_seq(8, "b")
+    scheduler.add(late)
+    order = run(scheduler, 40)
+    assert order[:2] == [late, flood[1]]  # FCFS would run all of a's first
+
+
+def test_without_keys_the_order_is_first_come_first_served():
+    fair, plain = make_scheduler(max_num_seqs=2), Scheduler(BlockManager(256, BLOCK, False), max_num_seqs=2,
+                                                            max_num_batched_tokens=64, check_invariants=True)
+    for scheduler in (fair, plain):
+        for n in (8, 3, 12, 5, 9):
+            scheduler.add(make_seq(n))
+    fair_plans = [[(s.request_id[1:], n) for s, n in zip(o.seqs, o.num_new_tokens, strict=True)]
+                  for o in (fair.schedule() for _ in range(1))]
+    plain_plans = [[(s.request_id[1:], n) for s, n in zip(o.seqs, o.num_new_tokens, strict=True)]
+                   for o in (plain.schedule() for _ in range(1))]
+    offset = int(fair_plans[0][0][0]) - int(plain_plans[0][0][0])  # ids differ by construction order only
+    assert [[(int(i) - offset, n) for i, n in p] for p in fair_plans] == [[(int(i), n) for i, n in p]
+                                                                          for p in plain_plans]
+    assert fair.admission.stats()["backlogged_keys"] == 0  # the unkeyed share is never listed
+
+
+def test_interactive_goes_before_batch_whatever_the_counters():
+    scheduler = make_scheduler(max_num_seqs=1)
+    batch = [make_seq(8, "a", priority="batch") for _ in range(3)]
+    for seq in batch:
+        scheduler.add(seq)
+    run(scheduler, 1)
+    urgent = make_seq(8, "a", priority="interactive")  # same key, and its counter is the one just charged
+    scheduler.add(urgent)
+    assert run(scheduler, 30)[0] is urgent
+
+
+def test_weights_one_to_two_give_one_to_two_service_while_both_are_backlogged():
+    scheduler = make_scheduler(max_num_seqs=1, max_tokens=64)
+    light = [make_seq(8, "light", weight=1) for _ in range(60)]
+    heavy = [make_seq(8, "heavy", weight=2) for _ in range(60)]
+    for a, b in zip(light, heavy, strict=True):
+        scheduler.add(a)
+        scheduler.add(b)
+    order = run(scheduler, 150)  # both stay backlogged throughout: 60 each is more than 150 steps serve
+    assert all(s in light or s in heavy for s in order)
+    served = {"light": sum(s in light for s in order), "heavy": sum(s in heavy for s in order)}
+    assert served["light"] + served["heavy"] >= 20
+    assert 1.8 <= served["heavy"] / served["light"] <= 2.2, served
+
+
+def test_work_conserving_an_idle_key_holds_no_seat_back():
+    scheduler = make_scheduler(max_num_seqs=4)
+    scheduler.admission.vtc.join("idle")  # a key with a huge head start that sends nothing now
+    scheduler.admission.vtc.leave("idle")
+    busy = [make_seq(8, "busy") for _ in range(6)]
+    for seq in busy:
+        scheduler.add(seq)
+    out = scheduler.schedule()
+    assert len(out.seqs) == 4  # every seat taken by the only backlogged key
+
+
+def test_preemption_only_past_the_threshold_and_after_the_minimum_run():
+    scheduler = make_scheduler(max_num_seqs=2, max_tokens=64, preempt_threshold=100.0, min_run_steps=5)
+    hogs = [make_seq(8, "hog", max_output=1000) for _ in range(2)]
+    for seq in hogs:
+        scheduler.add(seq)
+    run(scheduler, 3)
+    newcomer = make_seq(8, "new")
+    scheduler.add(newcomer)  # lifted to the hog's counter: no imbalance yet, no preemption
+    run(scheduler, 10)
+    assert scheduler.num_preemptions == 0 and newcomer.num_computed_tokens == 0
+    # The hog keeps being served (2 outputs a step at weight 2 each) while the newcomer's counter stands still:
+    # past the threshold of 100 the newest hog makes room, once.
+    counters, gaps = scheduler.admission.vtc.counters, []
+    while newcomer.num_computed_tokens == 0:
+        gaps.append(counters["hog"] - counters["new"])
+        run(scheduler, 1)
+        assert len(gaps) < 100, "the newcomer was never admitted"
+    assert gaps[-1] > 100 >= gaps[-2]  # admitted at the first step past the threshold
+    assert scheduler.num_preemptions == 1 and scheduler.admission.num_fair_preemptions == 1
+    assert hogs[1].num_preemptions == 1 and hogs[0].num_preemptions == 0
+
+
+def test_a_preempted_sequence_is_not_preempted_again_before_it_ran_its_minimum():
+    scheduler = make_scheduler(max_num_seqs=1, max_tokens=64, preempt_threshold=10.0, min_run_steps=6)
+    hog = make_seq(8, "hog", max_output=1000)
+    scheduler.add(hog)
+    run(scheduler, 8)
+    others = [make_seq(8, f"k{i}", max_output=1) for i in range(3)]
+    for seq in others:
+        scheduler.add(seq)
+    run(scheduler, 60)
+    assert all(seq.is_finished for seq in others)
+    assert hog.num_preemptions >= 1
+    assert scheduler.admission.num_fair_preemptions == hog.num_preemptions
+
+
+@pytest.mark.parametrize("kwargs, field", [({"fairness_weight": 0}, "fairness_weight"),
+                                           ({"fairness_weight": True}, "fairness_weight"),
+                                           ({"priority": "urgent"}, "priority"),
+                                           ({"fairness_key": ""}, "fairness_key")])
+def test_bad_fairness_fields_are_refused_by_name(kwargs, field):
+    with pytest.raises(ValueError, match=field):
+        FairShare.of(kwargs.get("fairness_key"), kwargs.get("fairness_weight"), kwargs.get("priority"))
+
+
+def test_engine_serves_keys_fairly_and_reports_counters(tiny_llama):
+    from engine import LLM
+
+    engine = LLM(str(tiny_llama), check_invariants=True, max_num_seqs=2).llm_engine
+    params = SamplingParams(max_tokens=4, temperature=0, ignore_eos=True)
+    for i in range(3):
+        engine.add_request(f"a{i}", list(range(1, 9)), params, fairness_key="tenant-a")
+    engine.add_request("b0", list(range(1, 9)), params, fairness_key="tenant-b", fairness_weight=2,
+                       priority="batch")
+    stats = engine.stats()["fairness"]
+    assert stats["backlogged_keys"] == 2 and set(stats["counters"]) == {"tenant-a", "tenant-b"}
+    done = []
+    while engine.has_unfinished_requests():
+        done += [o.request_id for o in engine.step() if o.finished]
+    assert sorted(done) == ["a0", "a1", "a2", "b0"]
+    stats = engine.stats()["fairness"]
+    assert stats["backlogged_keys"] == 0 and stats["known_keys"] == 2
+    with pytest.raises(ValueError, match="priority"):
+        engine.add_request("bad", [1, 2, 3], params, priority="now")
