@@ -3,7 +3,8 @@
 The ``LLMEngine`` is not thread-safe, so the event loop never touches it: adds and aborts are queued as
 commands that the loop thread applies between steps, and each step's outputs are handed back to the
 requests' own asyncio queues with ``call_soon_threadsafe``. An abort (client gone) frees the request's
-KV blocks on the next step boundary.
+KV blocks on the next step boundary. A request's output constraint is compiled before its add is queued, on a
+worker thread and bounded in time (``engine.structured.async_compile``), so no grammar stalls the loop.
 """
 
 import asyncio
@@ -46,12 +47,16 @@ class AsyncEngine:
 
     The server reaches the engine only through this class: requests, admin calls (:meth:`call`), and the few
     facts fixed at start-up (tokenizer, context length, vocabulary), which are safe to read from any thread.
-    The counters are the engine's own (its ``stats()``)."""
+    The counters are the engine's own (its ``stats()``). ``compile_timeout_s`` bounds a constraint's compile
+    (None: the engine config's ``structured_outputs_compile_timeout``)."""
 
-    def __init__(self, engine, *, max_waiting: int = 512, on_step: Callable | None = None):
+    def __init__(self, engine, *, max_waiting: int = 512, on_step: Callable | None = None,
+                 compile_timeout_s: float | None = None):
         self.engine = engine
         self.max_waiting = max_waiting
         self.on_step = on_step  # called on the loop thread after each step with (outputs, step_seconds)
+        self._compile_timeout_s = compile_timeout_s
+        self._compiler = None  # engine.structured.async_compile.AsyncGrammarCompiler, made on first use
         self._commands: deque = deque()
         self._streams: dict[str, _Stream] = {}
         self._wake = threading.Event()
@@ -97,19 +102,18 @@ class AsyncEngine:
         queued_adds = sum(1 for command in list(self._commands) if command[0] == "add")
         return len(self.engine.scheduler.waiting) + queued_adds
 
-    async def generate(self, request_id: str, *args, **kwargs) -> AsyncIterator:
-        """Submit one request (arguments of ``LLMEngine.add_request`` after the id) and yield its outputs."""
-        if self._error is not None:
-            raise EngineDead(str(self._error))
-        if self._stopping:
-            raise EngineOverloaded("the engine is shutting down")
-        if self.waiting_count() >= self.max_waiting:
-            raise EngineOverloaded(f"the waiting queue is full ({self.max_waiting} requests)")
-        if request_id in self._streams:
-            raise ValueError(f"request id {request_id!r} is already in flight")
+    async def generate(self, request_id: str, prompt=None, params=None, **kwargs) -> AsyncIterator:
+        """Submit one request (arguments of ``LLMEngine.add_request`` after the id) and yield its outputs. A
+        constraint that does not compile, or not within the timeout, raises GrammarCompileError before anything
+        is queued."""
+        self._check_admissible(request_id)
+        constraint = getattr(params, "structured_outputs", None)
+        if constraint is not None:  # admission then finds the grammar in the cache
+            await self.compile_constraint(constraint, kwargs.get("cache_salt"))
+            self._check_admissible(request_id)  # the engine or the queue may have changed meanwhile
         stream = _Stream(asyncio.Queue(), asyncio.get_running_loop())
         self._streams[request_id] = stream
-        self._submit(("add", request_id, args, kwargs))
+        self._submit(("add", request_id, (prompt, params), kwargs))
         try:
             while True:
                 item = await stream.queue.get()
@@ -121,6 +125,38 @@ class AsyncEngine:
         finally:
             if not stream.finished:  # the consumer went away (client disconnect, cancellation)
                 self.abort(request_id)
+
+    def _check_admissible(self, request_id: str) -> None:
+        if self._error is not None:
+            raise EngineDead(str(self._error))
+        if self._stopping:
+            raise EngineOverloaded("the engine is shutting down")
+        if self.waiting_count() >= self.max_waiting:
+            raise EngineOverloaded(f"the waiting queue is full ({self.max_waiting} requests)")
+        if request_id in self._streams:
+            raise ValueError(f"request id {request_id!r} is already in flight")
+
+    async def compile_constraint(self, params, cache_salt: str | None = None):
+        """``params`` (a StructuredOutputsParams) compiled into the grammar cache under ``cache_salt``, off the
+        loop thread: a CompileResult (``cached``, ``compile_ms``), or GrammarCompileError / GrammarCompileTimeout
+        naming the field. The warm-compile endpoint and every constrained request come through here."""
+        return await self.grammar_compiler.compile(params, cache_salt)
+
+    @property
+    def grammar_compiler(self):
+        if self._compiler is None:
+            from engine.structured.async_compile import AsyncGrammarCompiler
+
+            timeout = self._compile_timeout_s
+            if timeout is None:
+                timeout = self.engine.config.structured_outputs_compile_timeout
+            self._compiler = AsyncGrammarCompiler(self.engine.structured, timeout_s=timeout)
+        return self._compiler
+
+    def structured_outputs_stats(self) -> dict:
+        """The backend, the grammar cache's hits / misses / entries and the compile bound; safe from any thread
+        (the cache locks its counters)."""
+        return {**self.engine.structured.stats(), **self.grammar_compiler.stats()}
 
     def abort(self, request_id: str) -> None:
         stream = self._streams.pop(request_id, None)
@@ -147,6 +183,8 @@ class AsyncEngine:
             if stream is not None:
                 stream.queue.put_nowait(EngineOverloaded("the engine shut down before the request finished"))
         self._submit(("stop",))
+        if self._compiler is not None:
+            self._compiler.close()
         await asyncio.to_thread(self._thread.join, 10)
 
     def _submit(self, command: tuple) -> None:

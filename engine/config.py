@@ -63,6 +63,9 @@ class EngineConfig:
     max_lora_rank: int = 64
     adapter_sources: list[str] | None = None
     max_adapter_wait_steps: int = 32
+    # Seconds the server waits for a request's output constraint to compile (off the engine loop) before it answers
+    # 400; the grammar library's own limits bound the work (engine/structured/llguidance_backend.py).
+    structured_outputs_compile_timeout: float = 10.0
 
     def __post_init__(self):
         if not isinstance(self.model, str | Path) or not str(self.model):
@@ -89,6 +92,9 @@ class EngineConfig:
             raise ValueError(f"gemm must be one of {GEMM_MODES}, got {self.gemm!r}")
         if self.device not in ("auto", "cpu") and not self.device.startswith("cuda"):
             raise ValueError(f"device must be 'auto', 'cpu' or 'cuda[:N]', got {self.device!r}")
+        timeout = self.structured_outputs_compile_timeout
+        if isinstance(timeout, bool) or not isinstance(timeout, int | float) or not 0 < timeout <= 3600:
+            raise ValueError(f"structured_outputs_compile_timeout must be seconds in (0, 3600], got {timeout!r}")
         self._validate_lora()
 
     def _validate_lora(self) -> None:

@@ -33,14 +33,19 @@ class InputProcessor:
         SamplingParamError naming its field) for anything the engine cannot run."""
         text, token_ids = self._tokenize(prompt, prompt_token_ids)
         self._validate(token_ids, params, lora_request, cache_salt)
+        grammar = None
+        if params.structured_outputs is not None:
+            # the server compiled it off the loop already (a cache hit here); the offline API pays it now, inside
+            # the backend's limits. Once per request, a matcher per sequence.
+            grammar = self.structured.compile(params.structured_outputs, cache_salt).grammar
         seqs = []
         for i in range(params.n):
             seq = Sequence(next(self._seq_ids), request_id, token_ids, params, index=i,
                            arrival_index=next(self._arrivals), lora_request=lora_request, cache_salt=cache_salt,
                            device=self.device)
             seq.detokenizer = IncrementalDetokenizer(self.tokenizer.backend_tokenizer, token_ids, params)
-            if params.structured_outputs is not None:  # compiled once, cached per salt; a matcher per sequence
-                seq.matcher = self.structured.matcher(params.structured_outputs, cache_salt)
+            if grammar is not None:
+                seq.matcher = self.structured.new_matcher(grammar)
             seqs.append(seq)
         return text, token_ids, seqs
 

@@ -1,5 +1,6 @@
-"""The engine's HTTP API (ENGINE_PROTOCOL.md): OpenAI completions and chat with SSE, models, tokenize,
-adapter admin, health, stats and Prometheus metrics. Internal: a bearer key guards all but ``/health``."""
+"""The engine's HTTP API (ENGINE_PROTOCOL.md): OpenAI completions and chat with SSE, models, tokenize, warm
+compiles of output constraints, adapter admin, health, stats and Prometheus metrics. Internal: a bearer key guards
+all but ``/health``."""
 
 import asyncio
 import contextlib
@@ -121,6 +122,7 @@ async def _stats(state: ServerState) -> dict:
     body["model"] = state.served_model
     body["uptime_s"] = round(time.time() - state.started_at, 1)
     body["saturated"] = state.engine.saturated()
+    body["structured_outputs"] = state.engine.structured_outputs_stats()
     body.setdefault("adapters", {"slots": 0, "resident": [], "host_tier": [], "hits": 0, "misses": 0,
                                  "evictions": 0, "load_ms_p50": 0.0})
     return body
@@ -164,6 +166,31 @@ async def tokenize(request: Request) -> Response:
     return JSONResponse({"count": len(token_ids), "max_model_len": state.model.max_model_len, "tokens": token_ids})
 
 
+async def compile_structured_outputs(request: Request) -> Response:
+    """Compile an output constraint into the grammar cache ahead of the requests that use it (the control plane
+    calls this when a tenant registers a schema): a later request with the same constraint and ``cache_salt``
+    pays no compile. Body ``{"structured_outputs": {...}, "cache_salt"?}``, checked by the request contract itself
+    (as the fields of a completion), so a constraint is refused here exactly when a request would be."""
+    state = _state(request)
+    body = await _json_body(request)
+    unknown = set(body) - {"structured_outputs", "cache_salt"}
+    if unknown:
+        name = excerpt(sorted(unknown)[0])
+        raise bad_request(f"unknown field '{name}'", param=name, code="unknown_parameter")
+    parsed = _contract(parse_request, "completion", {"model": state.served_model, "prompt": [0], **body},
+                       trusted=True)
+    params = parsed.sampling.get("structured_outputs")
+    if params is None:
+        raise bad_request("'structured_outputs' (json, regex, choice, grammar or json_object) is required",
+                          param="structured_outputs", code="missing_required_parameter")
+    try:
+        result = await state.engine.compile_constraint(params, parsed.cache_salt)
+    except ValueError as exc:  # GrammarCompileError, GrammarCompileTimeout: they name the field
+        raise _as_api_error(exc) from None
+    return JSONResponse({"object": "structured_outputs.compiled", "kind": params.kind, "cached": result.cached,
+                         "compile_ms": round(result.compile_ms, 3)})
+
+
 async def completions(request: Request) -> Response:
     return await _generate(request, _contract(parse_request, "completion", await _json_body(request), trusted=True))
 
@@ -179,7 +206,9 @@ async def _generate(request: Request, parsed: OpenAIRequest) -> Response:
     prompt_ids = state.model.prompt_token_ids(parsed)
     params = state.model.sampling_params(parsed, prompt_ids)
     run = RequestState(parsed, request_id, int(time.time()), prompt_tokens=sum(len(p) for p in prompt_ids))
-    outputs = _merged_outputs(state, request_id, prompt_ids, params, lora_request, parsed.cache_salt)
+    outputs = _merged_outputs(state, request_id, prompt_ids, params, lora_request, parsed.cache_salt,
+                              {"fairness_key": parsed.fairness_key, "fairness_weight": parsed.fairness_weight,
+                               "priority": parsed.priority})
     if parsed.stream:
         first = await _first_or_error(outputs)
         events = stream_events(run, _prepend(first, outputs), state.model.tokenizer,
@@ -199,7 +228,7 @@ async def _generate(request: Request, parsed: OpenAIRequest) -> Response:
 
 
 async def _merged_outputs(state: ServerState, request_id: str, prompt_ids: list[list[int]], params, lora_request,
-                          cache_salt: str | None):
+                          cache_salt: str | None, fairness: dict):
     """One engine request per prompt (``id``, ``id<US>1``, ...), their outputs merged as (prompt index, completion).
     The separator is the non-printable unit separator, which no request id taken from a client holds, so another
     request's ``X-Request-Id`` can never name one of these."""
@@ -209,7 +238,8 @@ async def _merged_outputs(state: ServerState, request_id: str, prompt_ids: list[
     async def pump(index: int, sub_id: str) -> None:
         try:
             async for output in state.engine.generate(sub_id, None, params[index], prompt_token_ids=prompt_ids[index],
-                                                      lora_request=lora_request, cache_salt=cache_salt):
+                                                      lora_request=lora_request, cache_salt=cache_salt,
+                                                      **fairness):
                 if output.error is not None:  # before any completion: a stream not yet started gets the status
                     await queue.put(output.error)
                     break
@@ -312,6 +342,7 @@ def build_app(server: ServerState, shutdown_grace: float = 30.0) -> Starlette:
         Route("/metrics", metrics, methods=["GET"]),
         Route("/v1/models", models, methods=["GET"]),
         Route("/tokenize", tokenize, methods=["POST"]),
+        Route("/v1/structured_outputs/compile", compile_structured_outputs, methods=["POST"]),
         Route("/v1/completions", completions, methods=["POST"]),
         Route("/v1/chat/completions", chat_completions, methods=["POST"]),
         Route("/v1/load_lora_adapter", load_adapter, methods=["POST"]),

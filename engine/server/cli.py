@@ -48,6 +48,9 @@ def build_parser() -> argparse.ArgumentParser:
                              "(cached on disk); else always that path")
     engine.add_argument("--device", default="auto")
     engine.add_argument("--seed", type=int, default=0)
+    engine.add_argument("--structured-outputs-compile-timeout", type=float, default=10.0, metavar="SECONDS",
+                        help="how long a request's JSON schema, regex or grammar may take to compile (off the "
+                             "engine loop) before the request gets 400")
     lora = serve.add_argument_group("LoRA")
     lora.add_argument("--enable-lora", action="store_true", default=True, help="serve adapters (the default)")
     lora.add_argument("--no-enable-lora", dest="enable_lora", action="store_false", help="serve the base model only")
@@ -64,6 +67,7 @@ def engine_kwargs(args: argparse.Namespace) -> dict:
         "kv_cache_memory": args.kv_cache_memory, "gpu_memory_utilization": args.gpu_memory_utilization,
         "enable_prefix_caching": args.enable_prefix_caching, "dtype": args.dtype,
         "kv_cache_dtype": args.kv_cache_dtype, "gemm": args.gemm, "device": args.device, "seed": args.seed,
+        "structured_outputs_compile_timeout": args.structured_outputs_compile_timeout,
     }
     if args.enable_lora:
         sources = [s.strip() for s in args.adapter_sources.split(",") if s.strip()]

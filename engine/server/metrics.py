@@ -40,6 +40,20 @@ class EngineMetrics:
         self.adapters_host_tier = Gauge("engine_adapters_host_tier", "Adapters in the host-memory tier", registry=r)
         self.adapter_load_ms = Gauge("engine_adapter_load_milliseconds", "Recent adapter load times, by quantile",
                                      ["quantile"], registry=r)
+        self.grammar_cache_hits = Gauge("engine_structured_outputs_grammar_cache_hits",
+                                        "Compiled-grammar cache hits since start", registry=r)
+        self.grammar_cache_misses = Gauge("engine_structured_outputs_grammar_cache_misses",
+                                          "Compiled-grammar cache misses (compiles) since start", registry=r)
+        self.grammar_cache_entries = Gauge("engine_structured_outputs_grammar_cache_entries",
+                                           "Compiled grammars held", registry=r)
+        self.grammar_compile_timeouts = Gauge("engine_structured_outputs_compile_timeouts",
+                                              "Constraints refused for compiling longer than the bound", registry=r)
+        self.fairness_backlogged_keys = Gauge("engine_fairness_backlogged_keys",
+                                              "Fairness keys with requests waiting or running", registry=r)
+        self.fairness_counter_spread = Gauge("engine_fairness_counter_spread",
+                                             "Most minus least weighted service of the backlogged keys", registry=r)
+        self.fairness_preemptions = Gauge("engine_fairness_preemptions",
+                                          "Running sequences preempted for a less served key", registry=r)
 
     def observe_request(self, *, outcome: str, ttft: float | None, e2e: float, num_generated: int) -> None:
         self.requests_total.labels(outcome).inc()
@@ -64,6 +78,18 @@ class EngineMetrics:
         self.adapters_resident.set(len(adapters["resident"]))
         self.adapters_host_tier.set(len(adapters["host_tier"]))
         self.adapter_load_ms.labels("0.5").set(adapters["load_ms_p50"])
+        structured = stats.get("structured_outputs")
+        if structured is not None:
+            cache = structured["grammar_cache"]
+            self.grammar_cache_hits.set(cache["hits"])
+            self.grammar_cache_misses.set(cache["misses"])
+            self.grammar_cache_entries.set(cache["entries"])
+            self.grammar_compile_timeouts.set(structured["compile_timeouts"])
+        fairness = stats.get("fairness")
+        if fairness is not None:  # aggregates only: a label per key would be one series per tenant
+            self.fairness_backlogged_keys.set(fairness["backlogged_keys"])
+            self.fairness_counter_spread.set(fairness["counter_spread"])
+            self.fairness_preemptions.set(fairness["preemptions"])
         loads = stats.get("adapter_loads")
         if loads is not None:
             self.adapter_loads.labels("ok").set(loads["loads"])

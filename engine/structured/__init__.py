@@ -20,6 +20,7 @@ _LAZY = {
     "GrammarTokenizer": "engine.structured.tokenizer",
     "GrammarCache": "engine.structured.grammar_cache",
     "GrammarCompileError": "engine.structured.backend",
+    "GrammarCompileTimeout": "engine.structured.backend",
     "CompiledGrammar": "engine.structured.backend",
     "GrammarMatcher": "engine.structured.backend",
     "StructuredOutputBackend": "engine.structured.backend",
@@ -28,15 +29,16 @@ _LAZY = {
 }
 
 __all__ = [
-    "BACKENDS", "DEFAULT_BACKEND", "CompiledGrammar", "GrammarCache", "GrammarCompileError", "GrammarMatcher",
-    "GrammarTokenizer", "StructuredOutputBackend", "StructuredOutputsParams", "StructuredOutputsParamsError",
-    "allocate_bitmask", "apply_bitmask", "make_backend",
+    "BACKENDS", "DEFAULT_BACKEND", "CompiledGrammar", "GrammarCache", "GrammarCompileError", "GrammarCompileTimeout",
+    "GrammarMatcher", "GrammarTokenizer", "StructuredOutputBackend", "StructuredOutputsParams",
+    "StructuredOutputsParamsError", "allocate_bitmask", "apply_bitmask", "make_backend",
 ]
 
 if TYPE_CHECKING:  # pragma: no cover
     from engine.structured.backend import (
         CompiledGrammar,
         GrammarCompileError,
+        GrammarCompileTimeout,
         GrammarMatcher,
         StructuredOutputBackend,
     )

@@ -31,6 +31,15 @@ class GrammarCompileError(ValueError):
         self.reason = reason
 
 
+class GrammarCompileTimeout(GrammarCompileError):
+    """A compile that did not finish within the engine's bound (``--structured-outputs-compile-timeout``)."""
+
+    def __init__(self, kind: str, timeout_s: float):
+        ValueError.__init__(self, f"structured_outputs.{kind} did not compile within {timeout_s:g} s")
+        self.param = f"structured_outputs.{kind}"
+        self.reason = f"did not compile within {timeout_s:g} s"
+
+
 @dataclass(frozen=True, slots=True)
 class CompiledGrammar:
     """A constraint compiled for one backend and tokenizer; shared by every sequence that uses it."""
@@ -93,10 +102,22 @@ class StructuredOutputBackend(ABC):
     def compile(self, params: StructuredOutputsParams, *, scope: str | None = None) -> CompiledGrammar:
         """The compiled constraint, from the cache when this backend and tokenizer compiled it before in the same
         ``scope`` (the engine's cache salt: a tenant's compiles never warm another's, whose timing would tell).
-        Raises GrammarCompileError for a constraint the library refuses."""
+        Raises GrammarCompileError for a constraint the library refuses, or one that can match no text at all
+        (a regex such as ``x[^\\s\\S]``): such a request could only ever end in EOS or run to max_tokens."""
         key = self.cache_key(params, scope)
-        return self.cache.get_or_compile(key, lambda: CompiledGrammar(self.name, key, params.kind,
-                                                                      self._compile(params)))
+        return self.cache.get_or_compile(key, lambda: self._compile_checked(key, params))
+
+    def _compile_checked(self, key: str, params: StructuredOutputsParams) -> CompiledGrammar:
+        grammar = CompiledGrammar(self.name, key, params.kind, self._compile(params))
+        matcher = self._new_matcher(grammar.handle)
+        bitmask = self.allocate_bitmask(1)  # [1, words]
+        matcher.fill_bitmask(bitmask, 0)
+        for token_id in self.tokenizer.eos_token_ids:  # EOS is allowed where a library gives up; it is no text
+            word, bit = divmod(token_id, 32)
+            bitmask[0, word] &= ~((1 << bit) if bit < 31 else -(1 << 31))
+        if not bool(bitmask.any()) and not matcher.is_complete():
+            raise GrammarCompileError(params.kind, "it can match no text at all")
+        return grammar
 
     def new_matcher(self, grammar: CompiledGrammar) -> GrammarMatcher:
         """A matcher at the start of ``grammar``, for one sequence."""

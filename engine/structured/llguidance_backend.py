@@ -13,6 +13,18 @@ from engine.structured.grammar_cache import GrammarCache
 from engine.structured.params import StructuredOutputsParams
 from engine.structured.tokenizer import GrammarTokenizer
 
+# llguidance's own bounds on the work one grammar may cost, stated here rather than left implicit (they are the
+# library's 1.9 defaults; its docs give the speeds): a grammar that needs more is refused by name at compile, or
+# ends its request with the error at the step that needs more, so no grammar stalls the engine loop.
+DEFAULT_LIMITS = {
+    "max_grammar_size": 500_000,  # symbols in all productions: a bound on the grammar's size
+    "max_items_in_row": 2_000,  # branching of one production row (a huge enum or alternation)
+    "initial_lexer_fuel": 1_000_000,  # building the lexer's regexes at compile, ~50k/ms: ~20 ms
+    "max_lexer_states": 250_000,  # lexer states built lazily while decoding, ~1-2 kB each: ~250-500 MB
+    "step_lexer_fuel": 200_000,  # one mask's lexer work, ~14k/ms: ~15 ms
+    "step_max_items": 50_000,  # one mask's Earley items, ~20k/ms: ~2.5 ms
+}
+
 
 class LLGuidanceMatcher(GrammarMatcher):
     __slots__ = ("_eos_after_stop", "_eos_token_ids", "_matcher")
@@ -48,13 +60,20 @@ class LLGuidanceMatcher(GrammarMatcher):
 
 
 class LLGuidanceBackend(StructuredOutputBackend):
-    """``num_threads`` for the batch fill: None is llguidance's default (80% of the CPUs, at most 32)."""
+    """``num_threads`` for the batch fill: None is llguidance's default (80% of the CPUs, at most 32).
+    ``limits`` override entries of DEFAULT_LIMITS."""
 
     name = "guidance"
 
     def __init__(self, tokenizer: GrammarTokenizer, *, cache: GrammarCache | None = None,
-                 num_threads: int | None = None):
+                 num_threads: int | None = None, limits: dict[str, int] | None = None):
         super().__init__(tokenizer, cache=cache)
+        unknown = set(limits or {}) - set(DEFAULT_LIMITS)
+        if unknown:
+            raise ValueError(f"unknown llguidance limits {sorted(unknown)}; known: {sorted(DEFAULT_LIMITS)}")
+        self.limits = {**DEFAULT_LIMITS, **(limits or {})}
+        # errors name the failing rule, not the parser's state: the request's sender reads them
+        self._limits = llguidance.LLParserLimits(**self.limits, verbose_errors=False)
         self._ll_tokenizer = llguidance.hf.from_tokenizer(
             tokenizer.hf_tokenizer, n_vocab=tokenizer.vocab_size, eos_token=list(tokenizer.eos_token_ids))
         self._executor = llguidance.LLExecutor(num_threads)
@@ -70,7 +89,7 @@ class LLGuidanceBackend(StructuredOutputBackend):
             grammar = _grammar_text(params)
         except ValueError as exc:  # a GBNF grammar that does not convert, a schema that is not an object
             raise GrammarCompileError(params.kind, str(exc)) from None
-        matcher = llguidance.LLMatcher(self._ll_tokenizer, grammar, log_level=0)
+        matcher = llguidance.LLMatcher(self._ll_tokenizer, grammar, log_level=0, limits=self._limits)
         if matcher.is_error():
             raise GrammarCompileError(params.kind, matcher.get_error())
         # kept at its start as the template of every sequence's matcher: a copy is ~40x cheaper than a build

@@ -114,7 +114,10 @@ def test_forced_tool_choices_answer_openai_tool_calls(client, tool_choice, strea
         chunks = list(client.chat.completions.create(stream=True, **kwargs))
         finish = [c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason]
         calls = [call for c in chunks if c.choices and c.choices[0].delta.tool_calls
-                 for call in c.choices[0].delta.tool_calls]
+                 for call in c.choices[0].delta.tool_calls if call.id]  # each call's first delta
+        for call in calls:  # its arguments come as fragments in the deltas after it, as OpenAI streams them
+            call.function.arguments = "".join(d.function.arguments for c in chunks if c.choices
+                                              for d in c.choices[0].delta.tool_calls or () if d.index == call.index)
         assert all(not (c.choices and c.choices[0].delta.content) for c in chunks)  # no content, only the calls
     else:
         choice = client.chat.completions.create(**kwargs).choices[0]
@@ -134,3 +137,76 @@ def test_tool_choice_auto_says_why_it_cannot_serve_and_none_answers_text(client)
     text = client.chat.completions.create(model="tiny", messages=MESSAGES, tools=[WEATHER], tool_choice="none",
                                           max_tokens=4).choices[0]
     assert text.message.tool_calls is None and text.message.content
+
+
+# ---------------------------------------------------------------- warm compiles: POST /v1/structured_outputs/compile
+
+TICKET = {"type": "object", "properties": {"id": {"type": "string", "pattern": "^T-[0-9]{4}$"},
+                                           "priority": {"enum": ["low", "high"]}},
+          "required": ["id", "priority"], "additionalProperties": False}
+
+
+def _grammar_cache(engine_server) -> dict:
+    return engine_server.stats()["structured_outputs"]["grammar_cache"]
+
+
+def test_a_warm_compile_is_what_a_later_request_with_the_same_schema_and_salt_hits(engine_server):
+    with engine_server.client() as http:
+        compile_body = {"structured_outputs": {"json": TICKET}, "cache_salt": "tenant-a"}
+        first = http.post("/v1/structured_outputs/compile", json=compile_body)
+        assert first.status_code == 200, first.text
+        assert first.json()["object"] == "structured_outputs.compiled" and first.json()["kind"] == "json"
+        assert first.json()["cached"] is False and isinstance(first.json()["compile_ms"], float)
+        again = http.post("/v1/structured_outputs/compile", json=compile_body).json()
+        assert again["cached"] is True
+        warmed = _grammar_cache(engine_server)
+        # response_format json_schema (strict too) is {"json": schema}: the same cache key as the warm compile
+        chat = http.post("/v1/chat/completions", json={
+            "model": "tiny", "messages": MESSAGES, "max_tokens": 60, "temperature": 0, "cache_salt": "tenant-a",
+            "response_format": {"type": "json_schema", "json_schema": {"name": "t", "schema": TICKET,
+                                                                       "strict": True}}})
+        assert chat.status_code == 200, chat.text
+        served = _grammar_cache(engine_server)
+        assert served["misses"] == warmed["misses"] and served["hits"] > warmed["hits"]
+        assert served["entries"] == warmed["entries"]
+        # another salt (another tenant) is another entry: its compile is its own
+        other = http.post("/v1/completions", json={"model": "tiny", "prompt": "Ticket:", "max_tokens": 60,
+                                                   "cache_salt": "tenant-b", "structured_outputs": {"json": TICKET}})
+        assert other.status_code == 200, other.text
+        assert _grammar_cache(engine_server)["misses"] == served["misses"] + 1
+        metrics = http.get("/metrics").text
+    assert f"engine_structured_outputs_grammar_cache_misses {float(served['misses'] + 1)}" in metrics
+
+
+def test_a_warm_compile_of_regex_and_choice_without_a_salt(engine_server):
+    with engine_server.client() as http:
+        for constraint, kind in [({"regex": "[A-Z]{2}-[0-9]{3}"}, "regex"), ({"choice": ["red", "green"]}, "choice")]:
+            response = http.post("/v1/structured_outputs/compile", json={"structured_outputs": constraint})
+            assert response.status_code == 200, response.text
+            assert response.json()["kind"] == kind
+
+
+def _nested(depth: int) -> dict:
+    return {"type": "array", "items": _nested(depth - 1)} if depth else {"type": "integer"}
+
+
+@pytest.mark.parametrize("body, param, says", [
+    ({"structured_outputs": {"regex": "(unclosed"}}, "structured_outputs.regex", "does not compile"),
+    ({"structured_outputs": {"regex": "a^b"}}, "structured_outputs.regex", "does not compile"),
+    ({"structured_outputs": {"regex": "x[^\\s\\S]"}}, "structured_outputs.regex", "can match no text"),
+    ({"structured_outputs": {"json": {"type": "array", "uniqueItems": True}}}, "structured_outputs.json",
+     "uniqueItems"),
+    ({"structured_outputs": {"json": {"a": "x" * 70_000}}}, "structured_outputs", "limit"),
+    ({"structured_outputs": {"json": _nested(40)}}, "structured_outputs", "deeper"),
+    ({"structured_outputs": {"frob": 1}}, "structured_outputs", "frob"),
+    ({"structured_outputs": {"json": {"type": "object"}}, "extra": 1}, "extra", "extra"),
+    ({"structured_outputs": {"json": {"type": "object"}}, "cache_salt": ""}, "cache_salt", "cache_salt"),
+    ({"structured_outputs": "json"}, "structured_outputs", "type"),
+    ({}, "structured_outputs", "required"),
+])
+def test_warm_compile_refusals_are_400s_naming_their_field(engine_server, body, param, says):
+    with engine_server.client() as http:
+        response = http.post("/v1/structured_outputs/compile", json=body)
+    assert response.status_code == 400, response.text
+    error = response.json()["error"]
+    assert error["param"] == param and says in error["message"], error
