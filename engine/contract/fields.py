@@ -25,7 +25,8 @@ CHAT = {**COMMON, "messages": (list,), "logprobs": (bool, _NONE), "top_logprobs"
         "parallel_tool_calls": (bool, _NONE), "tools": (list, _NONE), "tool_choice": (str, dict, _NONE)}
 # Set by the gateway only. ``prompt_token_ids`` (chat): the messages as /tokenize encoded them, sent instead of
 # the messages so that the engine never encodes a prompt the gateway counted.
-ENGINE_EXTENSIONS = {"adapter": (dict, _NONE), "fairness_key": (str, _NONE), "cache_salt": (str, _NONE)}
+ENGINE_EXTENSIONS = {"adapter": (dict, _NONE), "fairness_key": (str, _NONE), "cache_salt": (str, _NONE),
+                     "fairness_weight": _NUMBER, "priority": (str, _NONE)}
 CHAT_ENGINE_EXTENSIONS = {"prompt_token_ids": (list,)}
 UNSUPPORTED = {"functions", "function_call", "logit_bias", "audio", "modalities",
                "prediction", "web_search_options", "reasoning_effort", "service_tier"}

@@ -22,6 +22,7 @@ from engine.contract.errors import (
     excerpt,
 )
 from engine.contract.tools import ToolRequest, parse_tools
+from engine.fair_share import FairShare
 from engine.structured.params import StructuredOutputsParams, StructuredOutputsParamsError
 
 
@@ -54,6 +55,8 @@ class OpenAIRequest:
     cache_salt: str | None = None  # the prefix cache is shared only between requests with the same salt
     fairness_key: str | None = None
     tools: ToolRequest | None = None  # chat: the functions, and the tool_choice
+    fairness_weight: float | None = None  # with fairness_key and priority: fair admission (engine.fairness)
+    priority: str | None = None  # "interactive" (the default) or "batch"
 
     @property
     def num_choices(self) -> int:
@@ -103,7 +106,7 @@ def parse_request(kind: str, body: dict, *, trusted: bool = False) -> OpenAIRequ
     return OpenAIRequest(
         kind, body, body["model"], stream, include_usage, continuous, max_tokens, budget_field, n, prompts, messages,
         prompt_ids, logprobs, sampling, parse_adapter(body.get("adapter")), _cache_salt(body),
-        body.get("fairness_key"), tools)
+        body.get("fairness_key"), tools, **_fairness(body))
 
 
 def fit_completion(prompt_lengths: list[int], max_tokens: int | None, max_model_len: int, *,
@@ -300,6 +303,17 @@ def parse_adapter(value: dict | None) -> AdapterSource | None:
             raise ContractError(f"'adapter.{key}' must be a string.", param=f"adapter.{key}")
     return AdapterSource(value["id"], value.get("uri"), value.get("sha256"))
 
+
+
+def _fairness(body: dict) -> dict:
+    """``fairness_weight`` and ``priority``, checked as the engine checks them (``fairness_key`` too)."""
+    key, weight, priority = body.get("fairness_key"), body.get("fairness_weight"), body.get("priority")
+    try:
+        FairShare.of(key, weight, priority)
+    except ValueError as exc:
+        field = next(name for name in ("fairness_key", "fairness_weight", "priority") if name in str(exc))
+        raise ContractError(f"'{field}'{str(exc).removeprefix(field)}.", param=field) from None
+    return {"fairness_weight": weight, "priority": priority}
 
 
 def _cache_salt(body: dict) -> str | None:

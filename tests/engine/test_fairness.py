@@ -196,3 +196,28 @@ def test_engine_serves_keys_fairly_and_reports_counters(tiny_llama):
     assert stats["backlogged_keys"] == 0 and stats["known_keys"] == 2
     with pytest.raises(ValueError, match="priority"):
         engine.add_request("bad", [1, 2, 3], params, priority="now")
+
+
+@pytest.mark.parametrize("fields, param", [({"fairness_weight": -1}, "fairness_weight"),
+                                           ({"fairness_weight": "2"}, "fairness_weight"),
+                                           ({"priority": "later"}, "priority"),
+                                           ({"fairness_key": "x" * 257}, "fairness_key")])
+def test_the_contract_refuses_bad_fairness_fields_by_name(fields, param):
+    from engine.contract.errors import ContractError
+    from engine.contract.requests import parse_request
+
+    with pytest.raises(ContractError) as caught:
+        parse_request("completion", {"model": "m", "prompt": "hi", **fields}, trusted=True)
+    assert caught.value.param == param
+
+
+def test_fairness_fields_are_engine_only_and_read_when_trusted():
+    from engine.contract.errors import ContractError
+    from engine.contract.requests import parse_request
+
+    body = {"model": "m", "prompt": "hi", "fairness_key": "k", "fairness_weight": 2, "priority": "batch"}
+    parsed = parse_request("completion", body, trusted=True)
+    assert (parsed.fairness_key, parsed.fairness_weight, parsed.priority) == ("k", 2, "batch")
+    with pytest.raises(ContractError) as caught:  # a gateway client cannot send them
+        parse_request("completion", {"model": "m", "prompt": "hi", "priority": "batch"})
+    assert caught.value.param == "priority"

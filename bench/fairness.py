@@ -1,0 +1,172 @@
+"""Fair service between two tenants through the engine server: a heavy tenant sending 10x the light one's requests,
+together at 150% of the server's capacity, with fairness keys (VTC) and without (arrival order).
+
+``python -m bench.fairness [--quick] [--model NAME_OR_PATH] [--seconds S] [--max-num-seqs N]``
+
+One server (``python -m engine serve``, a child process, ``--max-num-seqs`` seats) in one run:
+  1. capacity: every request of a batch sent at once, requests/s;
+  2. the light tenant alone at its share of the load (1/11 of 150% of capacity): its TTFT p50/p99;
+  3. both tenants, Poisson arrivals, each request with its tenant's ``fairness_key`` (the gateway's keyed hash;
+     here two fixed strings): the light tenant's TTFT against step 2 (target: p99 within 1.5x), the service each
+     tenant got (weighted tokens, as the engine counts them, from ``/stats``), total output tok/s;
+  4. the same arrivals without keys (first come, first served): what fairness changed.
+Every request has a 64-128 token prompt of random ids and 32 greedy output tokens (EOS ignored). The load client
+shares the two cores with the server: the figures compare with each other, not with another run's.
+Results: ``bench/results/fairness-<time>.json``; the last lines printed are the ratios.
+"""
+
+import argparse
+import asyncio
+import json
+import os
+import random
+import subprocess
+import time
+from pathlib import Path
+
+import httpx
+
+from bench.serve import API_KEY, RequestResult, percentiles
+from bench.throughput import RESULTS
+
+OUTPUT_TOKENS = 32
+LIGHT, HEAVY = "tenant-light", "tenant-heavy"
+
+
+def prompt(rng: random.Random) -> list[int]:
+    return [rng.randrange(100, 40000) for _ in range(rng.randint(64, 128))]
+
+
+async def one(http: httpx.AsyncClient, ids: list[int], key: str | None) -> RequestResult:
+    body = {"model": "bench", "prompt": ids, "max_tokens": OUTPUT_TOKENS, "temperature": 0, "ignore_eos": True,
+            "stream": True, "stream_options": {"include_usage": True}}
+    if key is not None:
+        body["fairness_key"] = key
+    started = time.perf_counter()
+    first, usage = None, None
+    async with http.stream("POST", "/v1/completions", json=body) as response:
+        if response.status_code != 200:
+            await response.aread()
+            return RequestResult(False, len(ids), 0, 0.0, time.perf_counter() - started)
+        async for line in response.aiter_lines():
+            if not line.startswith("data: {"):
+                continue
+            event = json.loads(line[6:])
+            if first is None and event["choices"] and event["choices"][0].get("text"):
+                first = time.perf_counter()
+            usage = event.get("usage") or usage
+    end = time.perf_counter()
+    tokens = usage["completion_tokens"] if usage else 0
+    return RequestResult(tokens == OUTPUT_TOKENS, len(ids), tokens, (first or end) - started, end - started)
+
+
+def arrivals(rate: float, seconds: float, seed: int) -> list[float]:
+    rng, t, out = random.Random(seed), 0.0, []
+    while True:
+        t += rng.expovariate(rate)
+        if t >= seconds:
+            return out
+        out.append(t)
+
+
+async def run(url: str, plan: list[tuple[float, str, list[int]]], keyed: bool) -> dict:
+    """``plan``: (arrival s, tenant, prompt) in time order. Per tenant: TTFT percentiles, ok/failed, tok/s."""
+    headers = {"Authorization": f"Bearer {API_KEY}"}
+    limits = httpx.Limits(max_connections=len(plan) + 8)
+    started = time.perf_counter()
+    async with httpx.AsyncClient(base_url=url, headers=headers, timeout=1200, limits=limits) as http:
+        tasks = []
+        for at, tenant, ids in plan:
+            delay = at - (time.perf_counter() - started)
+            if delay > 0:
+                await asyncio.sleep(delay)
+            tasks.append((tenant, asyncio.create_task(one(http, ids, tenant if keyed else None))))
+        results = [(tenant, await task) for tenant, task in tasks]
+        stats = (await http.get("/stats")).json()
+    duration = time.perf_counter() - started
+    out = {"duration_s": duration, "output_tok_s": sum(r.output_tokens for _, r in results) / duration,
+           "fairness": stats.get("fairness")}
+    for tenant in (LIGHT, HEAVY):
+        mine = [r for t, r in results if t == tenant]
+        ok = [r for r in mine if r.ok]
+        out[tenant] = {"requests": len(mine), "failed": len(mine) - len(ok),
+                       "ttft_ms": percentiles([r.ttft for r in ok]),
+                       "output_tokens": sum(r.output_tokens for r in mine)}
+    return out
+
+
+async def capacity(url: str, prompts: list[list[int]]) -> float:
+    """Requests/s with every request sent at once."""
+    headers = {"Authorization": f"Bearer {API_KEY}"}
+    async with httpx.AsyncClient(base_url=url, headers=headers, timeout=1200,
+                                 limits=httpx.Limits(max_connections=len(prompts) + 8)) as http:
+        started = time.perf_counter()
+        results = await asyncio.gather(*(one(http, ids, None) for ids in prompts))
+    return sum(r.ok for r in results) / (time.perf_counter() - started)
+
+
+def start_server(model: str, port: int, max_num_seqs: int, log_path: Path) -> subprocess.Popen:
+    from devstack.processes import python
+    from devstack.services import wait_for_port
+
+    env = {**os.environ, "ENGINE_API_KEY": API_KEY, "PYTHONUNBUFFERED": "1"}
+    log = open(log_path, "wb")  # owned by the child for its lifetime
+    proc = subprocess.Popen(python("-m", "engine", "serve", model, "--port", str(port), "--served-model-name",
+                                   "bench", "--no-enable-lora", "--max-num-seqs", str(max_num_seqs),
+                                   "--max-waiting", "4096"),
+                            env=env, stdout=log, stderr=subprocess.STDOUT)
+    wait_for_port("127.0.0.1", port, 300, "engine server", proc)
+    return proc
+
+
+def main(argv: list[str] | None = None) -> int:
+    from engine.models.prepare import resolve_model
+
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--quick", action="store_true", help="30 s of load instead of 90")
+    parser.add_argument("--model", default="smollm2-135m-instruct")
+    parser.add_argument("--seconds", type=float, default=None)
+    parser.add_argument("--max-num-seqs", type=int, default=16)
+    parser.add_argument("--port", type=int, default=8193)
+    args = parser.parse_args(argv)
+    seconds = args.seconds or (30.0 if args.quick else 90.0)
+    model = str(resolve_model(args.model))
+    RESULTS.mkdir(exist_ok=True)
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    rng = random.Random(0)
+    server = start_server(model, args.port, args.max_num_seqs, RESULTS / f"fairness-{stamp}.log")
+    url = f"http://127.0.0.1:{args.port}"
+    try:
+        asyncio.run(capacity(url, [prompt(rng) for _ in range(4)]))  # warm-up
+        cap = asyncio.run(capacity(url, [prompt(rng) for _ in range(4 * args.max_num_seqs)]))
+        light_rate = 1.5 * cap / 11
+        light = [(t, LIGHT, prompt(rng)) for t in arrivals(light_rate, seconds, seed=1)]
+        heavy = [(t, HEAVY, prompt(rng)) for t in arrivals(10 * light_rate, seconds, seed=2)]
+        both = sorted(light + heavy, key=lambda item: item[0])
+        print(f"capacity {cap:.2f} req/s; light {light_rate:.2f} req/s, heavy {10 * light_rate:.2f} req/s, "
+              f"{seconds:.0f} s", flush=True)
+        alone = asyncio.run(run(url, light, keyed=True))
+        fair = asyncio.run(run(url, both, keyed=True))
+        fcfs = asyncio.run(run(url, both, keyed=False))
+    finally:
+        server.terminate()
+        server.wait(timeout=60)
+    p99 = {name: r[LIGHT]["ttft_ms"]["p99"] for name, r in (("alone", alone), ("fair", fair), ("fcfs", fcfs))}
+    ratios = {"light_p99_ttft_fair_over_alone": p99["fair"] / p99["alone"] if p99["alone"] else None,
+              "light_p99_ttft_fcfs_over_alone": p99["fcfs"] / p99["alone"] if p99["alone"] else None,
+              "throughput_fair_over_fcfs": fair["output_tok_s"] / fcfs["output_tok_s"]}
+    report = {"cpu": os.cpu_count(), "model": model, "seconds": seconds, "max_num_seqs": args.max_num_seqs,
+              "capacity_req_s": cap, "light_rate": light_rate, "alone": alone, "fair": fair, "fcfs": fcfs,
+              "ratios": ratios}
+    path = RESULTS / f"fairness-{stamp}.json"
+    path.write_text(json.dumps(report, indent=2))
+    for name, r in (("alone", alone), ("fair", fair), ("fcfs", fcfs)):
+        print(f"{name:5}: light TTFT p50 {r[LIGHT]['ttft_ms']['p50']:.0f} ms p99 {r[LIGHT]['ttft_ms']['p99']:.0f} ms;"
+              f" heavy failed {r[HEAVY]['failed']}; {r['output_tok_s']:.1f} tok/s")
+    print(json.dumps(ratios), flush=True)
+    print(f"wrote {path}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
