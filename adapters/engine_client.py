@@ -1,6 +1,7 @@
 """The control plane's client of the engine protocol (``ENGINE_PROTOCOL.md``), the one every app uses.
 
-- :class:`EngineClient` (blocking, for Celery workers): load, unload, a smoke generation.
+- :class:`EngineClient` (blocking, for Celery workers): load, unload, a smoke generation, a warm compile of a
+  structured-outputs constraint (the schema registry's).
 - :func:`probe` (async): one read of ``/health`` and ``/stats``, for the gateway's replica pool and the console's
   engines page alike.
 - The pieces the gateway's streaming path reuses: :func:`adapter_source` (the ``"adapter"`` field of a request),
@@ -22,13 +23,15 @@ RETRYABLE_STATUSES = (429, 502, 503, 504)
 class EngineError(Exception):
     """An engine refused or could not be reached. ``status`` is None when no HTTP answer came back."""
 
-    def __init__(self, status: int | None, code: str, message: str, url: str = "", param: str | None = None):
+    def __init__(self, status: int | None, code: str, message: str, url: str = "", param: str | None = None,
+                 detail: str = ""):
         super().__init__(f"{code}: {message}")
         self.status = status
         self.code = code
         self.message = message
         self.url = url
         self.param = param  # the request field the engine named, if any
+        self.detail = detail or message  # the engine's own words, without the URL or status: what a tenant may read
 
     @property
     def retryable(self) -> bool:
@@ -48,7 +51,7 @@ class EngineError(Exception):
         message = error.get("message") if isinstance(error.get("message"), str) else response.text[:500]
         param = error.get("param") if isinstance(error.get("param"), str) else None
         return cls(response.status_code, code or f"engine_http_{response.status_code}",
-                   f"engine answered {response.status_code}: {message}", str(response.request.url), param)
+                   f"engine answered {response.status_code}: {message}", str(response.request.url), param, message)
 
     @classmethod
     def from_transport(cls, url: str, exc: httpx.TransportError) -> "EngineError":
@@ -112,6 +115,13 @@ class EngineClient:
                               self.base_url)
         return result
 
+    def compile_structured_outputs(self, constraint: dict, *, cache_salt: str) -> dict:
+        """``POST /v1/structured_outputs/compile``: compile ``constraint`` (``structured_outputs`` fields, e.g.
+        ``{"json": schema}``) into the engine's grammar cache in the scope of ``cache_salt``; the engine answers
+        ``{"object": "structured_outputs.compiled", "kind", "cached", "compile_ms"}``."""
+        return self._post("/v1/structured_outputs/compile",
+                          {"structured_outputs": constraint, "cache_salt": cache_salt}).json()
+
 
 def warm_load(urls: Iterable[str], api_key: str, source: dict, *, timeout: float,
               transport: httpx.BaseTransport | None = None) -> str:
@@ -158,6 +168,19 @@ def unload_everywhere(urls: Iterable[str], api_key: str, engine_id: str, *, time
             except EngineError as exc:
                 failures[url] = exc
     return failures
+
+
+def compile_everywhere(urls: Iterable[str], api_key: str, constraint: dict, *, cache_salt: str, timeout: float,
+                       transport: httpx.BaseTransport | None = None) -> tuple[dict[str, dict], dict[str, EngineError]]:
+    """Compile the constraint on every engine: (the answers of those that compiled it, the failures), by URL."""
+    compiled, failures = {}, {}
+    for url in urls:
+        with EngineClient(url, api_key, timeout=timeout, transport=transport) as client:
+            try:
+                compiled[url] = client.compile_structured_outputs(constraint, cache_salt=cache_salt)
+            except EngineError as exc:
+                failures[url] = exc
+    return compiled, failures
 
 
 @dataclass(frozen=True, slots=True)

@@ -43,6 +43,7 @@ INSTALLED_APPS = [
     "drf_standardized_errors",
     "tenants",
     "adapters",
+    "schemas",
     "gateway",
     "console",
 ]
@@ -223,6 +224,7 @@ CELERY_BEAT_SCHEDULE = {
     "tenants-usage-rollup": {"task": "tenants.tasks.usage_rollup_recent", "schedule": USAGE_ROLLUP_INTERVAL_S},
     "tenants-usage-purge": {"task": "tenants.tasks.usage_purge", "schedule": crontab(hour=3, minute=17)},
     "adapters-sweep": {"task": "adapters.tasks.registry_sweep", "schedule": 900},
+    "schemas-sweep": {"task": "schemas.tasks.schemas_sweep", "schedule": 900},
 }
 
 REST_FRAMEWORK = {
@@ -246,7 +248,8 @@ _ERROR_ENUMS = ["ValidationErrorEnum", "ClientErrorEnum", "ServerErrorEnum", "Pa
     f"ErrorCode{code}Enum" for code in (401, 403, 404, 405, 406, 415, 429, 500))]
 SPECTACULAR_SETTINGS = {
     "TITLE": "LoRA platform management API",
-    "DESCRIPTION": "Tenants, API keys, quotas, usage and adapters. Inference is the OpenAI-compatible /v1 API.",
+    "DESCRIPTION": ("Tenants, API keys, quotas, usage, adapters and schemas. Inference is the OpenAI-compatible "
+                    "/v1 API."),
     "VERSION": "0.1.0",
     "SERVE_INCLUDE_SCHEMA": False,
     "COMPONENT_SPLIT_REQUEST": True,

@@ -149,3 +149,29 @@ class DateRangeForm(forms.Form):
         if self.is_valid():
             return self.cleaned_data["since"], self.cleaned_data["until"]
         return self.default_since, self.today
+
+
+class SchemaVersionForm(forms.Form):
+    """A new version of a registered schema: the JSON Schema as text (schemas.documents checks it once parsed)."""
+
+    schema = forms.CharField(label="JSON Schema", max_length=64 * 1024, strip=False,
+                             widget=forms.Textarea(attrs={"rows": 12, "class": "mono", "spellcheck": "false"}),
+                             help_text="A JSON object, at most 64 KiB and 32 levels deep.")
+    description = forms.CharField(required=False, max_length=2000,
+                                  help_text="Optional; sent as json_schema.description.")
+    strict = forms.BooleanField(required=False, help_text="Sent as json_schema.strict (the engine enforces the "
+                                                          "schema either way).")
+
+    def clean_schema(self):
+        import json
+
+        try:
+            return json.loads(self.cleaned_data["schema"])
+        except ValueError as exc:
+            raise ValidationError(f"Not valid JSON: {exc}") from None
+
+
+class SchemaCreateForm(SchemaVersionForm):
+    name = forms.CharField(max_length=64, help_text="Letters, digits, '_' or '-'; requests name it in "
+                                                    "response_format.json_schema.name.")
+    field_order = ["name", "schema", "description", "strict"]

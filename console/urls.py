@@ -4,7 +4,8 @@ from django.contrib.auth import views as auth_views
 from django.urls import path, reverse_lazy
 
 from adapters import url_converters  # noqa: F401 - registers <adapter_name:> and <key_prefix:>
-from console.views import adapters, engines, home, keys, members, operator, overview, playground, usage
+from console.views import adapters, engines, home, keys, members, operator, overview, playground, schemas, usage
+from schemas import url_converters as schema_url_converters  # noqa: F401 - registers <schema_name:>
 
 app_name = "console"
 
@@ -37,6 +38,9 @@ urlpatterns = [
     path(T + "adapters/<adapter_name:name>/delete/", adapters.adapter_delete, name="tenant-adapter-delete"),
     path(T + "adapters/<adapter_name:name>/versions/<int:number>/delete/", adapters.version_delete,
          name="tenant-adapter-version-delete"),
+    path(T + "schemas/", schemas.schema_list, name="tenant-schemas"),
+    path(T + "schemas/<schema_name:name>/", schemas.schema_detail, name="tenant-schema"),
+    path(T + "schemas/<schema_name:name>/delete/", schemas.schema_delete, name="tenant-schema-delete"),
     path(T + "playground/", playground.playground, name="tenant-playground"),
     path("operator/tenants/", operator.tenants, name="operator-tenants"),
     path("operator/tenants/<slug:slug>/status/", operator.set_status, name="operator-tenant-status"),

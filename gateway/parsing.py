@@ -20,8 +20,20 @@ def contract_error(exc: ContractError) -> GatewayError:
 
 
 def parse_request(kind: str, raw: bytes) -> OpenAIRequest:
+    return check_request(kind, read_body(raw))
+
+
+def read_body(raw: bytes) -> dict:
+    """The body as a JSON object (a 400 otherwise), before the contract's checks."""
     try:
-        return parse_contract(kind, parse_json(raw))
+        return parse_json(raw)
+    except ContractError as exc:
+        raise contract_error(exc) from None
+
+
+def check_request(kind: str, body: dict) -> OpenAIRequest:
+    try:
+        return parse_contract(kind, body)
     except ContractError as exc:
         raise contract_error(exc) from None
 

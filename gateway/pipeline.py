@@ -1,19 +1,17 @@
 """One completion or chat request from an authenticated caller to an engine and back.
 
-parse -> resolve the model in the caller's tenant -> pick replicas -> count the prompt on one (``/tokenize``) ->
+parse (a registered schema named in response_format put inline: gateway.named_schemas) -> resolve the model in
+the caller's tenant -> pick replicas -> count the prompt on one (``/tokenize``) ->
 choose max_tokens (the tenant's default and limit, the context) -> reserve quota (429 when refused) -> open
 the engine stream (the next replica if one cannot take it) -> relay, metering exactly once. With a key cached
 in this process, the steps up to the count run while its check in Redis confirms it (gateway.views).
 """
 
 import asyncio
-import hashlib
-import hmac
 import time
 import uuid
 from collections.abc import Awaitable, Callable
 
-from django.conf import settings
 from django.http import HttpResponse, JsonResponse, StreamingHttpResponse
 
 from engine.contract import ContractError, OpenAIRequest, fit_completion
@@ -21,33 +19,19 @@ from gateway import metrics
 from gateway.callers import Caller
 from gateway.errors import GatewayError, bad_request
 from gateway.metering import CANCELLED, ERROR, Meter, spawn
-from gateway.parsing import contract_error, engine_body, parse_request, tokenize_bodies
+from gateway.named_schemas import inline_registered_schema
+from gateway.parsing import check_request, contract_error, engine_body, read_body, tokenize_bodies
 from gateway.relay import Relay
 from gateway.replicas import rendezvous_score
 from gateway.targets import Target, resolve_target
 from gateway.upstream import loop_upstream, open_stream, tokenize_prompts
 from tenants.effective_quota import EffectiveQuota
+from tenants.engine_tags import cache_salt, fairness_key
 from tenants.limiter import Refusal, Reservation, reserve
 
 ENGINE_PATHS = {"completion": "/v1/completions", "chat": "/v1/chat/completions"}
 STREAM_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 STREAM_START_DEADLINE_S = 30.0  # a stream nobody starts reading by then is ended (see Relay.watch_start)
-
-
-def _tenant_tag(purpose: str, tenant_id: int) -> str:
-    """An opaque, stable per-tenant value: it cannot be traced back to the tenant without the secret key."""
-    return hmac.new(settings.SECRET_KEY.encode(), f"{purpose}:{tenant_id}".encode(), hashlib.sha256).hexdigest()[:32]
-
-
-def fairness_key(tenant_id: int) -> str:
-    """The tenant's key for the engine's fair scheduling."""
-    return _tenant_tag("fairness", tenant_id)
-
-
-def cache_salt(tenant_id: int) -> str:
-    """The tenant's salt of the engine's prefix cache: its requests (API keys and playground alike) share cached KV
-    with each other and never with another tenant's, so no tenant can time another's prompts."""
-    return _tenant_tag("cache-salt", tenant_id)
 
 
 def completion_budget(quota: EffectiveQuota, parsed: OpenAIRequest, prompt_lengths: list[int],
@@ -94,7 +78,10 @@ async def run_generation(caller: Caller, kind: str, raw_body: bytes,
     (or raises the key's 401/403), awaited after the prompt is counted and before anything is reserved."""
     started = time.monotonic()
     request_id = f"{'chatcmpl' if kind == 'chat' else 'cmpl'}-{uuid.uuid4().hex}"
-    parsed = parse_request(kind, raw_body)
+    body = read_body(raw_body)
+    if kind == "chat":
+        body = await inline_registered_schema(caller.tenant.id, body)
+    parsed = check_request(kind, body)
     target = await resolve_target(caller, parsed.model)
     upstream = loop_upstream()
     candidates = await upstream.pool.candidates(target.affinity_key)

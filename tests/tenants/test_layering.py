@@ -1,12 +1,12 @@
-"""tenants is the bottom of the control plane: adapters, the gateway and the console build on it, so no module of
-tenants imports them, at the top or inside a function (an import hidden in a function is still a cycle)."""
+"""tenants is the bottom of the control plane: adapters, schemas, the gateway and the console build on it, so no
+module of tenants imports them, at the top or inside a function (an import hidden in a function is still a cycle)."""
 
 import ast
 from pathlib import Path
 
 import tenants
 
-ABOVE = {"adapters", "console", "gateway"}
+ABOVE = {"adapters", "console", "gateway", "schemas"}
 PACKAGE = Path(tenants.__file__).parent
 
 
