@@ -41,8 +41,10 @@ def check_request(kind: str, body: dict) -> OpenAIRequest:
 def tokenize_bodies(parsed: OpenAIRequest) -> list[dict]:
     """One ``/tokenize`` body per prompt (ENGINE_PROTOCOL.md). Token-id prompts go too: the answer also carries
     the context length."""
-    if parsed.kind == "chat":
-        return [{"messages": parsed.messages}]
+    if parsed.kind == "chat":  # the tools are part of the prompt where the chat template renders them
+        tools = {name: parsed.body[name] for name in ("tools", "tool_choice", "parallel_tool_calls")
+                 if parsed.body.get(name) is not None}
+        return [{"messages": parsed.messages, **tools}]
     return [{"prompt": p} for p in parsed.prompts]
 
 

@@ -172,7 +172,7 @@ class Relay:
                     created = chunk.get("created", created)
                     for delta in chunk.get("choices") or ():
                         _merge_choice(choices.setdefault(delta["index"], {"text": [], "finish_reason": None,
-                                                                          "logprobs": None, "tool_calls": []}),
+                                                                          "logprobs": None, "tool_calls": {}}),
                                       delta)
             status = OK
         except asyncio.CancelledError:
@@ -208,7 +208,8 @@ def _merge_choice(state: dict, delta: dict) -> None:
     text = delta["delta"].get("content") if "delta" in delta else delta.get("text")
     if text:
         state["text"].append(text)
-    state["tool_calls"].extend(delta.get("delta", {}).get("tool_calls") or ())  # whole calls (engine.server)
+    for call in delta.get("delta", {}).get("tool_calls") or ():
+        _merge_tool_call(state["tool_calls"], call)
     if delta.get("finish_reason"):
         state["finish_reason"] = delta["finish_reason"]
     new = delta.get("logprobs")
@@ -221,6 +222,19 @@ def _merge_choice(state: dict, delta: dict) -> None:
                     state["logprobs"].setdefault(key, []).extend(value)
 
 
+def _merge_tool_call(calls: dict[int, dict], delta: dict) -> None:
+    """OpenAI's accumulation of tool-call deltas: a call's first delta has its id, type and name; later ones
+    append fragments to its ``arguments``."""
+    function = delta.get("function") or {}
+    fragment = function.get("arguments") or ""
+    call = calls.get(delta["index"])
+    if call is None:
+        calls[delta["index"]] = {"id": delta.get("id"), "type": delta.get("type", "function"),
+                                 "function": {"name": function.get("name"), "arguments": fragment}}
+    else:
+        call["function"]["arguments"] += fragment
+
+
 def _response_body(kind: str, meter: Meter, model: str, created: int, choices: dict[int, dict]) -> dict:
     out = []
     for index in sorted(choices):
@@ -228,7 +242,7 @@ def _response_body(kind: str, meter: Meter, model: str, created: int, choices: d
         text = "".join(state["text"])
         entry = {"index": index}
         if kind == "chat" and state["tool_calls"]:
-            calls = [{key: value for key, value in call.items() if key != "index"} for call in state["tool_calls"]]
+            calls = [state["tool_calls"][i] for i in sorted(state["tool_calls"])]
             entry["message"] = {"role": "assistant", "content": text or None, "tool_calls": calls}
         elif kind == "chat":
             entry["message"] = {"role": "assistant", "content": text}

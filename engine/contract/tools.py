@@ -2,11 +2,12 @@
 put on generation (``required``: an array of calls of the given tools; a named function: its arguments).
 
 ``auto`` lets the model choose between text and a call in its chat template's own tool-call format; whether the
-template has one is the engine's to say (it knows the model). ``none`` generates text and ignores the tools.
+template has one, and the constraint and parser of that format, are the engine's (``engine.server.tool_formats``:
+it knows the model). With such a format the engine also forces ``required`` and named calls in it. ``none``
+generates text and ignores the tools.
 """
 
 import re
-import uuid
 from dataclasses import dataclass
 
 from engine.contract.errors import ContractError, excerpt
@@ -28,27 +29,23 @@ class ToolRequest:
     def forced(self) -> bool:
         return self.choice not in ("none", "auto")
 
+    @property
+    def names(self) -> frozenset[str]:
+        return frozenset(tool["name"] for tool in self.tools)
+
+    def call_schemas(self) -> list[dict]:
+        """One JSON Schema per callable tool (all of them, or the named one) of a call object
+        ``{"name", "arguments"}``, in that order: the name is generated first, as streams want it."""
+        tools = [tool for tool in self.tools if self.choice in ("auto", "required") or tool["name"] == self.choice]
+        return [{"type": "object", "properties": {"name": {"const": tool["name"]}, "arguments": tool["parameters"]},
+                 "required": ["name", "arguments"], "additionalProperties": False} for tool in tools]
+
     def constraint_schema(self) -> dict:
-        """The JSON Schema a forced choice constrains the output to."""
-        by_name = {tool["name"]: tool for tool in self.tools}
+        """The JSON Schema a forced choice constrains the output to (where the template has no tool format)."""
         if self.choice != "required":
-            return by_name[self.choice]["parameters"]
-        call = [{"type": "object", "properties": {"name": {"const": tool["name"]}, "arguments": tool["parameters"]},
-                 "required": ["name", "arguments"], "additionalProperties": False} for tool in self.tools]
-        return {"type": "array", "items": {"anyOf": call}, "minItems": 1, **({} if self.parallel else {"maxItems": 1})}
-
-    def tool_calls(self, text: str) -> list[dict] | None:
-        """The OpenAI ``tool_calls`` of a forced choice's complete output (None when it is not valid JSON)."""
-        import json
-
-        try:
-            value = json.loads(text)
-        except ValueError:
-            return None
-        calls = [(self.choice, value)] if self.choice != "required" else [(c["name"], c["arguments"]) for c in value]
-        return [{"id": f"call_{uuid.uuid4().hex[:24]}", "type": "function",
-                 "function": {"name": name, "arguments": json.dumps(arguments, ensure_ascii=False)}}
-                for name, arguments in calls]
+            return next(tool["parameters"] for tool in self.tools if tool["name"] == self.choice)
+        return {"type": "array", "items": {"anyOf": self.call_schemas()}, "minItems": 1,
+                **({} if self.parallel else {"maxItems": 1})}
 
 
 def parse_tools(body: dict) -> ToolRequest | None:

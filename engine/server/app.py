@@ -145,20 +145,25 @@ async def models(request: Request) -> Response:
     return JSONResponse({"object": "list", "data": data})
 
 
+_TOKENIZE_TOOL_FIELDS = ("tools", "tool_choice", "parallel_tool_calls")  # chat: the template renders the tools
+
+
 async def tokenize(request: Request) -> Response:
     """A prompt's (or a conversation's, chat template applied) token ids, so the gateway can count them exactly and
     send the ids themselves as the prompt."""
     state = _state(request)
     body = await _json_body(request)
-    unknown = set(body) - {"prompt", "messages", "adapter", "model"}
+    unknown = set(body) - {"prompt", "messages", "adapter", "model", *_TOKENIZE_TOOL_FIELDS}
     if unknown:
         name = excerpt(sorted(unknown)[0])
         raise bad_request(f"unknown field '{name}'", param=name, code="unknown_parameter")
     if ("prompt" in body) == ("messages" in body):
         raise bad_request("give exactly one of 'prompt' or 'messages'", param="prompt")
     kind = "chat" if "messages" in body else "completion"
-    fields = {"model": body.get("model", state.served_model), **{k: body[k] for k in ("prompt", "messages")
-                                                                if k in body}}
+    fields = {"model": body.get("model", state.served_model),
+              **{k: body[k] for k in ("prompt", "messages", *_TOKENIZE_TOOL_FIELDS) if k in body}}
+    if kind == "completion" and any(k in body for k in _TOKENIZE_TOOL_FIELDS):
+        raise bad_request("'tools' go with 'messages' only", param="tools")
     parsed = _contract(parse_request, kind, fields)
     if len(parsed.prompts) > 1:
         raise bad_request("'prompt' must be a single prompt here", param="prompt")

@@ -2,6 +2,10 @@
 
 Usage is cumulative: with ``stream_options.continuous_usage_stats`` every chunk carries the tokens produced
 so far (held-back stop-string tokens included), so a stream cut anywhere has an exact count.
+
+With tools, each choice's text goes through its tool-call parser (``engine.server.tool_formats``): a stream sends
+content deltas for the text before a call, then OpenAI's tool-call deltas (a call's index, id, type and name with
+empty arguments, then its arguments as fragments), and a last chunk whose ``finish_reason`` is ``tool_calls``.
 """
 
 import json
@@ -10,6 +14,8 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 
 from engine.contract import OpenAIRequest
+from engine.server.tool_formats import parser_for
+from engine.server.tool_parsers import ToolCallDelta, ToolCallParser
 
 
 @dataclass(slots=True)
@@ -22,6 +28,7 @@ class ChoiceState:
     num_logprobs_sent: int = 0
     logprobs_text_offset: int = 0  # the completions' text_offset of the next token with logprobs
     finish_reason: str | None = None
+    tool_parser: ToolCallParser | None = None  # chat with tools: reads calls out of the text as it grows
 
 
 @dataclass(slots=True)
@@ -127,19 +134,25 @@ async def stream_events(state: RequestState, outputs: AsyncIterator[tuple[int, o
     request = state.request
     continuous = request.continuous_usage
     if request.kind == "chat":
-        first = [{"index": i, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
+        # with tools the message may hold calls alone, whose content is null (as OpenAI streams it)
+        content = None if request.tools is not None and request.tools.choice != "none" else ""
+        first = [{"index": i, "delta": {"role": "assistant", "content": content}, "logprobs": None,
                   "finish_reason": None} for i in range(request.num_choices)]
         yield chunk(state, first, usage=state.usage() if continuous else None, with_usage_key=continuous)
-    tools = request.tools if request.tools is not None and request.tools.forced else None
+    template = getattr(tokenizer, "chat_template", None)
     async for prompt_index, completion in outputs:
         choice = choice_delta(state, prompt_index, completion, tokenizer)
         if state.first_token_at is None and state.completion_tokens:
             state.first_token_at = time.monotonic()
             on_first_token()
-        if choice is not None and tools is not None:
-            choice = _tool_call_delta(choice, completion, tools)
-        if choice is not None:
-            yield chunk(state, [choice], usage=state.usage() if continuous else None, with_usage_key=continuous)
+        if choice is None:
+            continue
+        parsing = state.choices[choice["index"]]
+        if parsing.tool_parser is None and request.kind == "chat":
+            parsing.tool_parser = parser_for(request.tools, template)
+        pieces = [choice] if parsing.tool_parser is None else _tool_choices(choice, completion, parsing.tool_parser)
+        for piece in pieces:
+            yield chunk(state, [piece], usage=state.usage() if continuous else None, with_usage_key=continuous)
     if request.include_usage:
         yield chunk(state, [], usage=state.usage(), with_usage_key=True)
     yield "data: [DONE]\n\n"
@@ -156,9 +169,10 @@ def full_response(state: RequestState, finals: dict[int, object], tokenizer) -> 
         if request.logprobs is not None and completion.logprobs:
             logprobs = _logprobs_payload(request.kind, tokenizer, completion.logprobs, request.logprobs)
         finish = _finish_reason(completion.finish_reason) or "stop"
-        calls = _tool_calls(request, completion)
+        content, calls = _tool_calls(request, completion, getattr(tokenizer, "chat_template", None))
         if calls is not None:
-            choices.append({"index": index, "message": {"role": "assistant", "content": None, "tool_calls": calls},
+            choices.append({"index": index, "message": {"role": "assistant", "content": content,
+                                                        "tool_calls": calls},
                             "logprobs": logprobs, "finish_reason": "tool_calls"})
         elif request.kind == "chat":
             choices.append({"index": index, "message": {"role": "assistant", "content": completion.text},
@@ -169,22 +183,52 @@ def full_response(state: RequestState, finals: dict[int, object], tokenizer) -> 
             "model": request.model, "choices": choices, "usage": state.usage()}
 
 
-def _tool_calls(request: OpenAIRequest, completion) -> list[dict] | None:
-    """The OpenAI tool_calls of a forced tool choice that completed (None otherwise: a call cut by max_tokens
-    comes back as its text, with finish_reason "length")."""
-    tools = request.tools
-    if tools is None or not tools.forced or completion.finish_reason != "stop":
-        return None
-    return tools.tool_calls(completion.text)
+def _tool_calls(request: OpenAIRequest, completion, template: str | None) -> tuple[str | None, list[dict] | None]:
+    """The content and OpenAI tool_calls of a chat output with tools (calls None when there are none: a call cut
+    by max_tokens comes back as its text, with finish_reason "length")."""
+    parser = parser_for(request.tools, template) if request.kind == "chat" else None
+    if parser is None or completion.finish_reason != "stop":
+        return completion.text, None
+    return parser.parse(completion.text)
 
 
-def _tool_call_delta(choice: dict, completion, tools) -> dict | None:
-    """A forced tool choice streams no content: the calls come in one delta with the finish (OpenAI clients
-    accumulate tool_calls deltas, so whole calls in one delta read the same)."""
-    if choice["finish_reason"] is None:
-        return None if choice["logprobs"] is None else {**choice, "delta": {}}
-    calls = tools.tool_calls(completion.text) if completion.finish_reason == "stop" else None
-    if calls is None:
-        return {**choice, "delta": {"content": completion.text}}
-    deltas = [{"index": i, **call} for i, call in enumerate(calls)]
-    return {**choice, "delta": {"tool_calls": deltas}, "finish_reason": "tool_calls"}
+def _tool_choices(choice: dict, completion, parser: ToolCallParser) -> list[dict]:
+    """One engine output of a choice as stream choices: content, each call's first delta, arguments fragments,
+    and the finish in a chunk of its own. A call cut by max_tokens ends with "length" after what was sent."""
+    text = choice["delta"].get("content", "")
+    pieces = parser.feed(text) if text else []
+    finish = choice["finish_reason"]
+    if finish is not None:
+        pieces += parser.finish()
+    out = [{"index": choice["index"], "delta": delta, "logprobs": None, "finish_reason": None}
+           for delta in _deltas(pieces)]
+    if choice["logprobs"] is not None:
+        if not out:
+            out.append({"index": choice["index"], "delta": {}, "logprobs": None, "finish_reason": None})
+        out[0]["logprobs"] = choice["logprobs"]
+    if finish is not None:
+        called = completion.finish_reason == "stop" and parser.valid_calls() is not None
+        out.append({"index": choice["index"], "delta": {}, "logprobs": None,
+                    "finish_reason": "tool_calls" if called else finish})
+    return out
+
+
+def _deltas(pieces: list[ToolCallDelta]) -> list[dict]:
+    """Parser output as OpenAI deltas, runs of content or of one call's arguments joined."""
+    deltas: list[dict] = []
+    for piece in pieces:
+        last = deltas[-1] if deltas else {}
+        if piece.content:
+            if "content" in last:
+                last["content"] += piece.content
+            else:
+                deltas.append({"content": piece.content})
+        elif piece.id is not None:
+            deltas.append({"tool_calls": [{"index": piece.index, "id": piece.id, "type": "function",
+                                           "function": {"name": piece.name, "arguments": ""}}]})
+        elif "tool_calls" in last and last["tool_calls"][0]["index"] == piece.index and \
+                "id" not in last["tool_calls"][0]:
+            last["tool_calls"][0]["function"]["arguments"] += piece.arguments
+        else:
+            deltas.append({"tool_calls": [{"index": piece.index, "function": {"arguments": piece.arguments}}]})
+    return deltas

@@ -11,6 +11,7 @@ from concurrent.futures import Future
 from engine.async_engine import AsyncEngine
 from engine.contract import AdapterSource, ContractError, OpenAIRequest, fit_completion, parse_adapter
 from engine.contract.tools import ToolRequest
+from engine.server import tool_formats
 from engine.server.errors import APIError, bad_request, contract_error
 
 
@@ -43,12 +44,13 @@ class ServingModel:
     def prompt_token_ids(self, parsed: OpenAIRequest) -> list[list[int]]:
         """Each prompt's token ids: as given (token-id prompts, the gateway's ``prompt_token_ids``), else encoded
         (the chat template applied); 400 naming the field for ids outside the vocabulary."""
+        self._check_tool_choice(parsed)
         if parsed.kind == "completion":
             prompt_ids = [list(p) if isinstance(p, list) else self.tokenizer.encode(p) for p in parsed.prompts]
         elif parsed.prompt_token_ids is not None:
             prompt_ids = [list(parsed.prompt_token_ids)]
         else:
-            prompt_ids = [self._encode_chat(parsed.messages, parsed.tools)]
+            prompt_ids = [self._encode_chat(parsed.messages, parsed.tools, parsed.body.get("messages"))]
         vocab = self.async_engine.vocab_size
         param = "prompt_token_ids" if parsed.prompt_token_ids is not None else parsed.prompt_field
         for ids in prompt_ids:
@@ -58,22 +60,42 @@ class ServingModel:
                 raise bad_request(f"'{param}' token ids must be integers in [0, {vocab})", param=param)
         return prompt_ids
 
-    def _encode_chat(self, messages: list[dict], tools: ToolRequest | None) -> list[int]:
+    def _check_tool_choice(self, parsed: OpenAIRequest) -> None:
+        """400 for tool_choice ``auto`` where the chat template has no tool format this engine parses (whether
+        the messages or the gateway's token ids came), and for ``auto`` beside an output constraint."""
+        if parsed.tools is None or parsed.tools.choice != "auto":
+            return
+        refusal = tool_formats.auto_refusal(self.tokenizer.chat_template)
+        if refusal is not None:
+            raise bad_request(refusal, param="tool_choice", code="tool_choice_unsupported")
+        if "structured_outputs" in parsed.sampling:
+            raise bad_request("tool_choice 'auto' constrains the tool calls already; drop 'response_format' or "
+                              "'structured_outputs', or use tool_choice 'none'", param="tool_choice")
+
+    def _encode_chat(self, messages: list[dict], tools: ToolRequest | None, raw_messages: list | None = None
+                     ) -> list[int]:
         template = self.tokenizer.chat_template
         if not template:
             raise bad_request("this model has no chat template; use /v1/completions", code="no_chat_template")
         functions = None
         if tools is not None and tools.choice != "none":
-            if tools.choice == "auto":  # the model's own tool-call format would need a parser per template
-                raise bad_request("tool_choice 'auto' needs a parser of the model's own tool-call format, which this "
-                                  "engine does not have" + ("" if "tools" in template else
-                                                            " (and this model's chat template has none)") +
-                                  ": use tool_choice 'required' or name a function", param="tool_choice",
-                                  code="tool_choice_unsupported")
             functions = [{"type": "function", "function": tool} for tool in tools.tools]
+        if tool_formats.detect(template)[1] is not None and raw_messages is not None:
+            messages = tool_formats.template_messages(messages, raw_messages)
         encoded = self.tokenizer.apply_chat_template(messages, tools=functions, add_generation_prompt=True,
                                                      tokenize=True)
         return list(encoded["input_ids"] if hasattr(encoded, "keys") else encoded)
+
+    def _tool_constraint(self, parsed: OpenAIRequest) -> dict:
+        """Where the template has a tool format, every tool choice but ``none`` is constrained in that format
+        (``auto``: only once the model opens a call), in place of the contract's JSON constraint."""
+        tools = parsed.tools
+        fmt = tool_formats.detect(self.tokenizer.chat_template)[1]
+        if tools is None or tools.choice == "none" or fmt is None:
+            return {}
+        from engine.structured.params import StructuredOutputsParams
+
+        return {"structured_outputs": StructuredOutputsParams(grammar=fmt.grammar(tools))}
 
     def sampling_params(self, parsed: OpenAIRequest, prompt_ids: list[list[int]]) -> list:
         """One SamplingParams per prompt; 413 when a prompt and its max_tokens cannot fit the context."""
@@ -81,12 +103,12 @@ class ServingModel:
 
         # OpenAI's legacy completions default to 16 tokens; a null max_tokens (and chat's default) is the room left
         asked = 16 if parsed.kind == "completion" and "max_tokens" not in parsed.body else parsed.max_tokens
-        params = []
+        params, sampling = [], {**parsed.sampling, **self._tool_constraint(parsed)}
         for ids in prompt_ids:
             try:
                 max_tokens = fit_completion([len(ids)], asked, self.max_model_len, prompt_field=parsed.prompt_field,
                                             max_tokens_field=parsed.max_tokens_field)
-                params.append(SamplingParams(**parsed.sampling, max_tokens=max_tokens))
+                params.append(SamplingParams(**sampling, max_tokens=max_tokens))
             except ContractError as exc:
                 raise contract_error(exc) from None
             except SamplingParamError as exc:

@@ -94,10 +94,10 @@ def test_forced_tool_choices_constrain_the_output_to_calls():
     named = parse_request("chat", {**CHAT, "tools": TOOLS,
                                    "tool_choice": {"type": "function", "function": {"name": "get_weather"}}})
     assert named.sampling["structured_outputs"].schema == TOOLS[0]["function"]["parameters"]
-    calls = named.tools.tool_calls('{"city": "Tbilisi"}')
-    assert calls[0]["function"] == {"name": "get_weather", "arguments": '{"city": "Tbilisi"}'}
-    assert calls[0]["id"].startswith("call_") and calls[0]["type"] == "function"
-    assert [c["function"]["name"] for c in required.tools.tool_calls('[{"name": "now", "arguments": {}}]')] == ["now"]
+    assert [s["properties"]["name"] for s in named.tools.call_schemas()] == [{"const": "get_weather"}]
+    assert schema["items"]["anyOf"] == required.tools.call_schemas()  # each call: name first, then arguments
+    assert list(schema["items"]["anyOf"][0]["properties"]) == ["name", "arguments"]
+    assert required.tools.names == {"get_weather", "now"}
     for choice in ("auto", "none", None):
         body = {**CHAT, "tools": TOOLS, **({} if choice is None else {"tool_choice": choice})}
         parsed = parse_request("chat", body)
