@@ -7,8 +7,9 @@
   (``k`` grows, at most one step per ``SPREAD_HOLD_S``); when its load has stayed under half of what ``k - 1``
   replicas seat for ``SPREAD_COOL_S``, the last one leaves (hysteresis: no flapping at the boundary). Requests
   go to the least loaded of the set, so a cold adapter keeps one warm replica and a hot one uses several.
-* When every replica of the set is down or ``saturated`` (its waiting queue over half full), the request spills to
-  the least-loaded healthy replica. Base-model requests (resident everywhere) always go to the least loaded.
+* A replica that is down leaves every ranking until it is back, so its adapters go to their next-ranked replica
+  (rendezvous hashing over the healthy ones: only its adapters move). When every replica of the set is
+  ``saturated`` (its waiting queue over half full), the request spills to the least-loaded healthy replica. Base-model requests (resident everywhere) always go to the least loaded.
 * Health and load come from ``GET /health`` and ``GET /stats``, re-read in the background when older than the
   TTL (a request never waits for them, but the very first). Between reads, the load estimate follows this
   process's own open requests; a replica that refuses a connection is marked down at once.
@@ -74,8 +75,10 @@ def rank_replicas(replicas: list[Replica], affinity_key: str | None, spread: int
     by_load = sorted(healthy, key=lambda r: (r.load, random.random()))
     first = None
     if affinity_key is not None:
-        ranking = sorted(replicas, key=lambda r: rendezvous_score(affinity_key, r.url), reverse=True)
-        usable = [r for r in ranking[:max(1, spread)] if r.healthy and not r.saturated]
+        # over the healthy replicas only: a replica that is down leaves the ranking as if it had left the pool,
+        # so its adapters move to their next-ranked replica (and only those move), not to whichever is idle
+        ranking = sorted(healthy, key=lambda r: rendezvous_score(affinity_key, r.url), reverse=True)
+        usable = [r for r in ranking[:max(1, spread)] if not r.saturated]
         if usable:
             first = min(usable, key=lambda r: r.load)  # ties: the higher ranked (min keeps the first)
     if first is None:

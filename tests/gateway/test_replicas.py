@@ -51,11 +51,18 @@ def test_a_saturated_or_down_choice_spills_to_the_least_loaded_healthy_replica()
     states = {f"r{home}": {"saturated": True, "engine_load": 0}, f"r{light}": {"engine_load": 2},
               f"r{heavy}": {"engine_load": 9}}
     assert rank_replicas(replicas(**states), key)[0].url == URLS[light]
-    states[f"r{home}"] = {"healthy": False}
-    ranked = rank_replicas(replicas(**states), key)
-    assert [r.url for r in ranked] == [URLS[light], URLS[heavy], URLS[home]]  # the down one is tried last
     states[f"r{light}"] = {"engine_load": 2, "saturated": True}
     assert rank_replicas(replicas(**states), key)[0].url == URLS[heavy]  # unsaturated before less loaded
+
+
+def test_a_down_home_sends_its_adapter_to_its_next_ranked_replica_whatever_the_loads():
+    keys = [f"adp_{i}_v1" for i in range(60)]
+    for key in keys:
+        order = [URLS.index(url) for url in sorted(URLS, key=lambda u: rendezvous_score(key, u), reverse=True)]
+        states = {f"r{order[0]}": {"healthy": False}, f"r{order[1]}": {"engine_load": 50},
+                  f"r{order[2]}": {"engine_load": 0}}
+        ranked = rank_replicas(replicas(**states), key)
+        assert [r.url for r in ranked] == [URLS[order[1]], URLS[order[2]], URLS[order[0]]]  # the down one last
 
 
 def test_the_base_model_goes_to_the_least_loaded_and_in_flight_requests_count():
