@@ -1,0 +1,18 @@
+#!/usr/bin/env bash
+# kubectl for the Kubernetes deployment's test (`kubectl kustomize` renders deploy/kubernetes/ offline). Installs
+# Debian's kubernetes-client when no kubectl is on PATH; does nothing otherwise.
+set -euo pipefail
+if command -v kubectl >/dev/null; then
+  exit 0
+fi
+if ! command -v apt-get >/dev/null; then
+  echo "devstack/kubectl.sh: kubectl is missing and apt-get is not available; install kubectl" >&2
+  exit 1
+fi
+SUDO=""
+if [ "$(id -u)" -ne 0 ]; then
+  SUDO="sudo"
+fi
+$SUDO apt-get update -qq
+DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq kubernetes-client
+kubectl version --client
