@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 MODEL := smollm2-135m-instruct
 
-.PHONY: run test install model static browser services lint bench clean-state
+.PHONY: run test install model static browser kubectl promtool services manage lint bench clean-state
 
 $(VENV)/.installed: requirements.lock pyproject.toml
 	@command -v $(PYTHON) >/dev/null || { echo "need $(PYTHON) on PATH"; exit 1; }
@@ -28,6 +28,14 @@ static: static/vendor/.built
 browser:
 	bash devstack/browser.sh
 
+# kubectl, whose kustomize renders deploy/kubernetes/ for its test (Debian's kubernetes-client where none is).
+kubectl:
+	bash devstack/kubectl.sh
+
+# promtool for the tests of deploy/prometheus/ (Debian's prometheus package).
+promtool:
+	bash devstack/promtool.sh
+
 model: install
 	$(PY) -m engine.models.prepare $(MODEL)
 
@@ -37,7 +45,13 @@ services: install
 run: model static
 	$(PY) -m devstack run
 
-test: model static browser
+# An operator command against the running `make run` stack, from any shell: make manage ARGS="usage_report".
+# No install step: it runs beside make run's processes, on the venv they run on.
+manage:
+	@test -x $(PY) || { echo "no $(VENV): run make run (or make install) first"; exit 1; }
+	$(PY) -m devstack manage $(ARGS)
+
+test: model static browser kubectl promtool
 	$(PY) -m pytest
 
 lint: install
@@ -52,6 +66,7 @@ bench: model
 	$(PY) -m bench.serve --quick
 	$(PY) -m bench.gateway --quick
 	$(PY) -m bench.peers --quick
+	$(PY) -m bench.structured --quick
 	$(PY) -m bench.report
 
 clean-state:

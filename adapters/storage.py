@@ -13,6 +13,7 @@ from pathlib import Path
 from urllib.parse import urlparse
 
 from django.conf import settings
+from prometheus_client import Counter
 
 STAGING_ROOT = "uploads/"
 _TRANSIENT_CODES = {"InternalError", "ServiceUnavailable", "SlowDown", "RequestTimeout", "RequestTimeTooSkewed",
@@ -77,6 +78,12 @@ def _translate(exc: Exception) -> Exception:
     return exc
 
 
+# Registered in no registry here: the process that serves /metrics registers it (gateway.metrics, the web).
+store_errors_total = Counter("adapters_object_store_errors", "Object-store calls that failed as an outage "
+                             "(unreachable, 5xx, throttled, the platform's access refused), by operation",
+                             ["operation"], registry=None)
+
+
 def _translated(method):
     """Store calls raise StoreUnavailable / ObjectMissing instead of botocore's transport and 404 errors."""
 
@@ -88,6 +95,8 @@ def _translated(method):
             translated = _translate(exc)
             if translated is exc:
                 raise
+            if isinstance(translated, StoreUnavailable):
+                store_errors_total.labels(operation=method.__name__).inc()
             raise translated from exc
 
     return wrapper

@@ -7,6 +7,7 @@ import subprocess
 import time
 
 from devstack.processes import ProcessGroup, python
+from devstack.run_env import recorded_env, write_run_env
 from devstack.services import ROOT, ensure_redis, ensure_s3, state_dir
 
 
@@ -36,7 +37,8 @@ def manage(env: dict[str, str], *args: str) -> None:
 
 
 def run(*, host: str, port: int, engine_port: int, with_engine: bool) -> int:
-    env = platform_env(engine_port)
+    env = recorded_env(platform_env(engine_port))
+    write_run_env(env)  # what `make manage` runs commands with, from any other shell
     print("[run] migrating the database", flush=True)
     manage(env, "migrate", "--noinput", "-v", "0")
     group = ProcessGroup(log_dir=state_dir() / "logs", env=env)

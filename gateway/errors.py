@@ -61,18 +61,25 @@ def model_not_found(model: str) -> GatewayError:
 RETRY_AFTER_OUTAGE_S = 1
 
 
-def outage_error(exc: BaseException) -> GatewayError | None:
-    """The 503 (with Retry-After, so OpenAI clients retry) for a failure of a service every request needs: Redis
-    (quotas, key checks) or the database (keys, adapters) not answering. None for any other exception."""
+def outage_service(exc: BaseException) -> str | None:
+    """``"redis"`` or ``"database"`` when ``exc`` is that service not answering; None for any other exception."""
     from django.db import InterfaceError, OperationalError
     from redis.exceptions import ConnectionError as RedisConnectionError
     from redis.exceptions import TimeoutError as RedisTimeoutError
 
     if isinstance(exc, RedisConnectionError | RedisTimeoutError):
-        what = "rate limiter"
-    elif isinstance(exc, OperationalError | InterfaceError):
-        what = "database"
-    else:
+        return "redis"
+    if isinstance(exc, OperationalError | InterfaceError):
+        return "database"
+    return None
+
+
+def outage_error(exc: BaseException) -> GatewayError | None:
+    """The 503 (with Retry-After, so OpenAI clients retry) for a failure of a service every request needs: Redis
+    (quotas, key checks) or the database (keys, adapters) not answering. None for any other exception."""
+    service = outage_service(exc)
+    if service is None:
         return None
+    what = "rate limiter" if service == "redis" else service
     return GatewayError(503, f"The service is briefly unavailable (its {what} is not answering); retry shortly.",
                         code="service_unavailable", headers={"Retry-After": str(RETRY_AFTER_OUTAGE_S)})

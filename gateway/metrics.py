@@ -8,7 +8,10 @@ from django.http import HttpResponse
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
+from adapters.storage import store_errors_total
+
 registry = CollectorRegistry(auto_describe=True)
+registry.register(store_errors_total)  # the web process's object-store calls (uploads), exported here
 
 _LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120)
 
@@ -37,6 +40,8 @@ usage_write_failures_total = Counter("gateway_usage_write_failures",
                                      "an outage are retried)", ["what"], registry=registry)
 settles_pending = Gauge("gateway_settles_pending", "Settles Redis did not take, waiting to be sent again",
                         registry=registry)
+outages_total = Counter("gateway_outages", "Requests answered 503 because a service every request needs did not "
+                        "answer, by service (redis, database)", ["service"], registry=registry)
 usage_rows_pending = Gauge("gateway_usage_rows_pending",
                            "Usage rows not yet written (in an insert now, or kept through a database outage)",
                            registry=registry)

@@ -14,7 +14,7 @@ from django.views.decorators.csrf import csrf_exempt
 
 from gateway import metrics
 from gateway.callers import Caller, caller_from_key, caller_from_session, provisional_caller
-from gateway.errors import GatewayError, outage_error
+from gateway.errors import GatewayError, outage_error, outage_service
 from gateway.pipeline import run_generation
 from gateway.targets import model_detail, model_list
 from tenants.limiter import peek
@@ -44,6 +44,7 @@ def openai_endpoint(endpoint: str, method: str):
                 outage = outage_error(exc)
                 if outage is None:
                     raise
+                metrics.outages_total.labels(service=outage_service(exc)).inc()
                 logger.warning("%s answered 503: %r", endpoint, exc)
                 state.pop("caller", None)  # no x-ratelimit-* headers: they would wait on the same outage
                 response = outage.response()

@@ -48,6 +48,11 @@ class EngineMetrics:
                                            "Compiled grammars held", registry=r)
         self.grammar_compile_timeouts = Gauge("engine_structured_outputs_compile_timeouts",
                                               "Constraints refused for compiling longer than the bound", registry=r)
+        # Degraded, not dead: a step that raised failed its requests and the loop went on (dead: /metrics stops
+        # answering, so the scrape fails and `up` says it).
+        self.step_errors = Gauge("engine_step_errors", "Engine steps that raised since start", registry=r)
+        self.saturated = Gauge("engine_saturated", "1 while the waiting queue is over half of --max-waiting",
+                               registry=r)
         self.fairness_backlogged_keys = Gauge("engine_fairness_backlogged_keys",
                                               "Fairness keys with requests waiting or running", registry=r)
         self.fairness_counter_spread = Gauge("engine_fairness_counter_spread",
@@ -70,6 +75,8 @@ class EngineMetrics:
         self.kv_blocks_used.set(blocks["used"])
         self.kv_blocks_total.set(blocks["total"])
         self.prefix_hit_rate.set(stats["prefix_cache_hit_rate"])
+        self.step_errors.set(stats.get("step_errors", 0))
+        self.saturated.set(1 if stats.get("saturated") else 0)
         self.prefix_queried_tokens.set(stats["prefix_cache"]["queried_tokens"])
         self.prefix_hit_tokens.set(stats["prefix_cache"]["hit_tokens"])
         self.adapter_hits.set(adapters["hits"])
