@@ -11,6 +11,7 @@ from celery.schedules import crontab
 from django.core.exceptions import ImproperlyConfigured
 
 from config.env import env_bool, env_int, env_list, env_str, env_url, env_url_list
+from tenants.priority import MAX_FAIRNESS_WEIGHT, priority_code
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 STATE_DIR = Path(env_str("PLATFORM_STATE_DIR", str(BASE_DIR / ".state")))
@@ -202,6 +203,10 @@ ADAPTER_UPLOAD_TTL_S = env_int("ADAPTER_UPLOAD_TTL_S", 3600, minimum=60, maximum
 ADAPTER_TASK_MAX_RETRIES = env_int("ADAPTER_TASK_MAX_RETRIES", 8, minimum=0)
 
 # --- Tenants: platform default quotas (each tenant may override), key cache, usage retention ---
+try:  # a tenant's class is stored as a code (tenants.priority); the variable takes its name
+    _DEFAULT_PRIORITY_CLASS = priority_code(env_str("QUOTA_DEFAULT_PRIORITY_CLASS", "interactive"))
+except ValueError as exc:
+    raise ImproperlyConfigured(f"QUOTA_DEFAULT_PRIORITY_CLASS: {exc}") from None
 TENANT_QUOTA_DEFAULTS = {
     "requests_per_minute": env_int("QUOTA_DEFAULT_REQUESTS_PER_MINUTE", 60, minimum=1),
     "tokens_per_minute": env_int("QUOTA_DEFAULT_TOKENS_PER_MINUTE", 100_000, minimum=1),
@@ -211,6 +216,8 @@ TENANT_QUOTA_DEFAULTS = {
     "max_tokens_limit": env_int("QUOTA_DEFAULT_MAX_TOKENS_LIMIT", 4096, minimum=1),
     "max_adapters": env_int("QUOTA_DEFAULT_MAX_ADAPTERS", 20, minimum=1),
     "max_adapter_storage_bytes": env_int("QUOTA_DEFAULT_MAX_ADAPTER_STORAGE_BYTES", 2 * 1024**3, minimum=1),
+    "fairness_weight": env_int("QUOTA_DEFAULT_FAIRNESS_WEIGHT", 1, minimum=1, maximum=MAX_FAIRNESS_WEIGHT),
+    "priority_class": _DEFAULT_PRIORITY_CLASS,
 }
 if TENANT_QUOTA_DEFAULTS["default_max_tokens"] > TENANT_QUOTA_DEFAULTS["max_tokens_limit"]:
     raise ImproperlyConfigured("QUOTA_DEFAULT_DEFAULT_MAX_TOKENS must be <= QUOTA_DEFAULT_MAX_TOKENS_LIMIT")
@@ -257,7 +264,8 @@ SPECTACULAR_SETTINGS = {
     "SWAGGER_UI_FAVICON_HREF": "SIDECAR",
     "REDOC_DIST": "SIDECAR",
     "ENUM_NAME_OVERRIDES": {
-        name: f"drf_standardized_errors.openapi_serializers.{name}.choices" for name in _ERROR_ENUMS
+        **{name: f"drf_standardized_errors.openapi_serializers.{name}.choices" for name in _ERROR_ENUMS},
+        "PriorityClassEnum": "tenants.priority.PRIORITY_CHOICES",  # a key's priority and a tenant's class alike
     },
     "POSTPROCESSING_HOOKS": ["drf_standardized_errors.openapi_hooks.postprocess_schema_enums"],
 }

@@ -10,6 +10,7 @@ from django.db import models
 from django.utils import timezone
 
 from tenants.models import QUOTA_FIELDS, Quota, Role, Scope, Tenant
+from tenants.priority import INTERACTIVE, MAX_FAIRNESS_WEIGHT, PRIORITY_CHOICES, PRIORITY_CODES, priority_name
 
 MAX_RANGE_DAYS = 366
 FIRST_DAY, LAST_DAY = date(2000, 1, 1), date(9000, 12, 31)  # room for the presets' and the queries' day arithmetic
@@ -38,6 +39,10 @@ class APIKeyCreateForm(forms.Form):
     expires_at = forms.DateField(required=False, label="Expires on",
                                  widget=forms.DateInput(attrs={"type": "date"}),
                                  help_text="Optional. The key stops working at the start of this day (UTC).")
+    priority = forms.TypedChoiceField(choices=PRIORITY_CHOICES, initial=INTERACTIVE, required=False,
+                                      empty_value=INTERACTIVE,
+                                      help_text="Batch requests are served after interactive ones when the "
+                                                "engines are full: for jobs nobody waits on.")
 
     def clean_adapter_names(self) -> list[str]:
         return [name.strip() for name in self.cleaned_data["adapter_names"].split(",") if name.strip()]
@@ -93,7 +98,8 @@ def _column_max(name: str) -> int:
 
 
 class QuotaForm(forms.Form):
-    """One optional number per quota field; empty means the platform default."""
+    """One optional value per quota field; empty means the platform default. Numbers, but for the priority class:
+    its name here, its code (tenants.priority) in the quota."""
 
     LABELS = {
         "requests_per_minute": "Requests per minute",
@@ -104,15 +110,29 @@ class QuotaForm(forms.Form):
         "max_tokens_limit": "Largest max_tokens",
         "max_adapters": "Adapters",
         "max_adapter_storage_bytes": "Adapter storage (bytes)",
+        "fairness_weight": "Fairness weight",
+        "priority_class": "Priority class",
     }
+    MAX_VALUES = {"fairness_weight": MAX_FAIRNESS_WEIGHT}
 
-    def __init__(self, *args, **kwargs):
-        super().__init__(*args, **kwargs)
+    def __init__(self, *args, initial: dict | None = None, **kwargs):
+        initial = dict(initial or {})
+        if initial.get("priority_class") is not None:  # the tenant's stored code, shown as its name
+            initial["priority_class"] = priority_name(initial["priority_class"])
+        super().__init__(*args, initial=initial, **kwargs)
         defaults = settings.TENANT_QUOTA_DEFAULTS
         for name in QUOTA_FIELDS:
+            if name == "priority_class":
+                self.fields[name] = forms.TypedChoiceField(
+                    required=False, choices=[("", "default"), *PRIORITY_CHOICES], coerce=PRIORITY_CODES.get,
+                    empty_value=None, label=self.LABELS[name],
+                    help_text=f"Platform default: {priority_name(defaults[name])}. Batch tenants are served after "
+                              "interactive ones when the engines are full.",
+                )
+                continue
             self.fields[name] = forms.IntegerField(
-                required=False, min_value=1, max_value=_column_max(name), label=self.LABELS[name],
-                help_text=f"Platform default: {defaults[name]:,}. Leave empty to use it.",
+                required=False, min_value=1, max_value=self.MAX_VALUES.get(name, _column_max(name)),
+                label=self.LABELS[name], help_text=f"Platform default: {defaults[name]:,}. Leave empty to use it.",
                 widget=forms.NumberInput(attrs={"placeholder": "default"}),
             )
 

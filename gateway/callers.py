@@ -11,6 +11,7 @@ from tenants.access import tenant_access_async
 from tenants.identity import KeyInfo, TenantInfo
 from tenants.key_auth import authenticate_api_key, cached_api_key
 from tenants.models import Scope
+from tenants.priority import INTERACTIVE, effective_priority
 from tenants.selectors import quota_effective_async
 
 
@@ -20,13 +21,24 @@ class Caller:
     key_id: str | None  # the API key's prefix; None for the playground
     adapter_names: frozenset[str]  # adapters this caller may use; empty: all of the tenant's
     playground: bool = False
+    key_priority: str = INTERACTIVE  # the API key's own class (the playground has no key)
 
     def allows_adapter(self, name: str) -> bool:
         return not self.adapter_names or name in self.adapter_names
 
+    @property
+    def fairness_weight(self) -> int:
+        """The tenant's weight in the engines' fair scheduling (its plan, set by operators)."""
+        return self.tenant.quota.fairness_weight
+
+    @property
+    def priority(self) -> str:
+        """The class the engines serve this caller's requests in: batch when its tenant or its key says so."""
+        return effective_priority(self.tenant.quota.priority, self.key_priority)
+
     @classmethod
     def of_key(cls, key: KeyInfo) -> "Caller":
-        return cls(tenant=key.tenant, key_id=key.key_id, adapter_names=key.adapter_names)
+        return cls(tenant=key.tenant, key_id=key.key_id, adapter_names=key.adapter_names, key_priority=key.priority)
 
 
 def bearer_token(request) -> str | None:

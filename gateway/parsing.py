@@ -1,8 +1,9 @@
 """A client's completion or chat request, checked by the contract (engine.contract) before anything is counted
 or reserved, and the body sent to an engine.
 
-Clients cannot send the engine-only extensions (``adapter``, ``fairness_key``, ``cache_salt``): the gateway sets
-those. The prompt goes to the engine as the token ids ``/tokenize`` gave, so it is encoded once.
+Clients cannot send the engine-only extensions (``adapter``, ``fairness_key``, ``fairness_weight``, ``priority``,
+``cache_salt``): the gateway sets those. The prompt goes to the engine as the token ids ``/tokenize`` gave, so it
+is encoded once.
 """
 
 from engine.contract import ContractError, OpenAIRequest, parse_json
@@ -49,17 +50,20 @@ def tokenize_bodies(parsed: OpenAIRequest) -> list[dict]:
 
 
 def engine_body(parsed: OpenAIRequest, prompt_ids: list[list[int]], *, engine_model: str, max_tokens: int,
-                adapter: dict | None, fairness_key: str, cache_salt: str) -> dict:
+                adapter: dict | None, fairness_key: str, fairness_weight: int, priority: str,
+                cache_salt: str) -> dict:
     """What the engine gets: the prompt as the token ids /tokenize gave; always a stream with cumulative usage in
-    every chunk, whatever the client asked, so that a stream cut anywhere is metered exactly; the tenant's cache
-    salt, so that its prompts share cached KV with its own requests only."""
+    every chunk, whatever the client asked, so that a stream cut anywhere is metered exactly; the tenant's fair
+    share (its key, its plan's weight, the class of the request); the tenant's cache salt, so that its prompts
+    share cached KV with its own requests only."""
     body = {name: value for name, value in parsed.body.items() if name not in _NOT_FORWARDED}
     if parsed.kind == "chat":
         body["prompt_token_ids"] = prompt_ids[0]
     else:
         body["prompt"] = prompt_ids[0] if len(prompt_ids) == 1 else prompt_ids
     body.update(model=engine_model, max_tokens=max_tokens, stream=True, fairness_key=fairness_key,
-                cache_salt=cache_salt, stream_options={"include_usage": True, "continuous_usage_stats": True})
+                fairness_weight=fairness_weight, priority=priority, cache_salt=cache_salt,
+                stream_options={"include_usage": True, "continuous_usage_stats": True})
     if adapter is not None:
         body["adapter"] = adapter
     return body

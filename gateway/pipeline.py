@@ -94,7 +94,8 @@ async def run_generation(caller: Caller, kind: str, raw_body: bytes,
     meter = await _admit(caller, parsed, target, sum(counts), budget, request_id, started)
     body = engine_body(parsed, prompt_ids, engine_model=target.engine_model, max_tokens=budget,
                        adapter=target.adapter.source() if target.adapter else None,
-                       fairness_key=fairness_key(caller.tenant.id), cache_salt=cache_salt(caller.tenant.id))
+                       fairness_key=fairness_key(caller.tenant.id), fairness_weight=caller.fairness_weight,
+                       priority=caller.priority, cache_salt=cache_salt(caller.tenant.id))
     try:
         replica, response = await open_stream(upstream, candidates, ENGINE_PATHS[kind], body, parsed.model,
                                               request_id)

@@ -5,6 +5,8 @@ Plain data, free of the ORM, so the gateway can cache it beside a key and the li
 
 from dataclasses import asdict, dataclass, fields
 
+from tenants.priority import INTERACTIVE, MAX_FAIRNESS_WEIGHT, PRIORITY_CODES, PRIORITY_NAMES, priority_name
+
 
 @dataclass(frozen=True, slots=True)
 class EffectiveQuota:
@@ -16,6 +18,9 @@ class EffectiveQuota:
     max_tokens_limit: int
     max_adapters: int
     max_adapter_storage_bytes: int
+    # Defaults so that a quota built by hand for the limiter alone needs no say in fair service.
+    fairness_weight: int = 1
+    priority_class: int = PRIORITY_CODES[INTERACTIVE]  # a code of tenants.priority; `priority` is its name
 
     def __post_init__(self):
         for field in fields(self):
@@ -25,6 +30,16 @@ class EffectiveQuota:
         if self.default_max_tokens > self.max_tokens_limit:
             raise ValueError(f"quota default_max_tokens ({self.default_max_tokens}) exceeds "
                              f"max_tokens_limit ({self.max_tokens_limit})")
+        if self.fairness_weight > MAX_FAIRNESS_WEIGHT:
+            raise ValueError(f"quota fairness_weight must be at most {MAX_FAIRNESS_WEIGHT}, got {self.fairness_weight}")
+        if self.priority_class not in PRIORITY_NAMES:
+            raise ValueError(f"quota priority_class must be one of the codes {sorted(PRIORITY_NAMES)}, "
+                             f"got {self.priority_class}")
+
+    @property
+    def priority(self) -> str:
+        """The name of the priority class the tenant's requests get (a key may still mark its own batch)."""
+        return priority_name(self.priority_class)
 
     @classmethod
     def merge(cls, defaults: dict[str, int], overrides: dict[str, int | None]) -> "EffectiveQuota":

@@ -4,6 +4,7 @@ from dataclasses import dataclass
 from datetime import datetime
 
 from tenants.effective_quota import EffectiveQuota
+from tenants.priority import INTERACTIVE
 
 
 @dataclass(frozen=True, slots=True)
@@ -23,6 +24,7 @@ class KeyInfo:
     scopes: frozenset[str]
     adapter_names: frozenset[str]  # empty: every adapter of the tenant
     expires_at: datetime | None
+    priority: str = INTERACTIVE  # the key's own class; the tenant's (quota.priority) may still make it batch
 
     def has_scope(self, scope: str) -> bool:
         return scope in self.scopes

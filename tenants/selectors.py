@@ -154,6 +154,7 @@ async def api_key_lookup_async(raw_key: str) -> KeyInfo | AuthFailure:
     return KeyInfo(
         key_id=key.prefix, name=key.name, tenant=TenantInfo(id=key.tenant.id, slug=key.tenant.slug, quota=quota),
         scopes=frozenset(key.scopes), adapter_names=frozenset(key.adapter_names), expires_at=key.expiry_date,
+        priority=key.priority,
     )
 
 

@@ -28,7 +28,7 @@ def keys(request, slug: str):
             key, secret = services.api_key_create(
                 tenant=access.tenant, name=form.cleaned_data["name"], scopes=form.cleaned_data["scopes"],
                 adapter_names=form.cleaned_data["adapter_names"], expires_at=form.expiry(),
-                created_by=request.user,
+                priority=form.cleaned_data["priority"], created_by=request.user,
             )
         except ValidationError as error:
             add_service_errors(form, error)
@@ -41,6 +41,7 @@ def keys(request, slug: str):
         "created": created,
         "base_url": request.build_absolute_uri("/v1"),
         "model_name": settings.BASE_MODEL_NAME,
+        "quota": selectors.quota_effective(tenant=access.tenant),  # the plan's class and weight, read-only here
     }
     return render_page(request, "console/tenant/keys.html", context, access=access, nav="keys")
 

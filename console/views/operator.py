@@ -16,6 +16,7 @@ from console.views.common import back_to, render_page
 from tenants import selectors, services, usage_days
 from tenants.access import operator_required
 from tenants.models import QUOTA_FIELDS, Tenant
+from tenants.priority import priority_name
 
 TENANTS_PER_PAGE = 50
 TOP_N = 10
@@ -78,13 +79,18 @@ def quota(request, slug: str):
             messages.success(request, f"Quota of {tenant.name} saved.")
             return back_to("console:operator-quota", slug=tenant.slug)
     effective = selectors.quota_effective(tenant=tenant).as_dict()
+    effective["priority_class"] = priority_name(effective["priority_class"])
     history = list(selectors.quota_change_list(tenant=tenant)[:QUOTA_HISTORY_ROWS])
     for change in history:
         change.label = QuotaForm.LABELS.get(change.field, change.field)
+        if change.field == "priority_class":  # audited as codes, shown by name
+            change.old_value, change.new_value = (None if value is None else priority_name(value)
+                                                  for value in (change.old_value, change.new_value))
     context = {
         "subject": tenant,
         "form": form,
-        "rows": [{"field": form[name], "effective": effective[name]} for name in QUOTA_FIELDS],
+        "rows": [{"field": form[name], "effective": effective[name], "choice": name == "priority_class"}
+                 for name in QUOTA_FIELDS],
         "history": history,
     }
     return render_page(request, "console/operator/quota.html", context, nav="operator-tenants")

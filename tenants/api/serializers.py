@@ -16,6 +16,7 @@ from tenants.models import (
     UsageDaily,
     UsageRecord,
 )
+from tenants.priority import INTERACTIVE, MAX_FAIRNESS_WEIGHT, PRIORITY_CHOICES, PRIORITY_CODES, priority_name
 from tenants.selectors import latency_percentile
 
 MAX_INT = 2**31 - 1
@@ -108,7 +109,7 @@ class APIKeySerializer(serializers.ModelSerializer):
 
     class Meta:
         model = TenantAPIKey
-        fields = ["prefix", "name", "scopes", "adapter_names", "created", "created_by", "expires_at",
+        fields = ["prefix", "name", "scopes", "adapter_names", "priority", "created", "created_by", "expires_at",
                   "last_used_at", "revoked", "revoked_at"]
         read_only_fields = fields
 
@@ -120,6 +121,9 @@ class APIKeyCreateSerializer(serializers.Serializer):
     adapter_names = serializers.ListField(child=serializers.CharField(max_length=200), required=False,
                                           max_length=100, help_text="Restrict the key to these adapters.")
     expires_at = serializers.DateTimeField(required=False, allow_null=True)
+    priority = serializers.ChoiceField(choices=PRIORITY_CHOICES, default=INTERACTIVE,
+                                       help_text="batch: served after interactive requests when the engines are "
+                                                 "full (a batch tenant's keys are batch whatever this says).")
 
 
 class APIKeyCreatedSerializer(APIKeySerializer):
@@ -134,6 +138,23 @@ def _quota_field(big: bool, **kwargs):
     return serializers.IntegerField(min_value=1, max_value=MAX_BIGINT if big else MAX_INT, **kwargs)
 
 
+def _weight_field(**kwargs):
+    return serializers.IntegerField(min_value=1, max_value=MAX_FAIRNESS_WEIGHT, **kwargs)
+
+
+class PriorityClassField(serializers.ChoiceField):
+    """A tenant's priority class: its name in the API, its code (tenants.priority) in the quota and its audit."""
+
+    def __init__(self, **kwargs):
+        super().__init__(choices=PRIORITY_CHOICES, **kwargs)
+
+    def to_internal_value(self, data) -> int:
+        return PRIORITY_CODES[super().to_internal_value(data)]
+
+    def to_representation(self, value: int) -> str:
+        return priority_name(value)
+
+
 class QuotaValuesSerializer(serializers.Serializer):
     requests_per_minute = _quota_field(False)
     tokens_per_minute = _quota_field(True)
@@ -143,6 +164,8 @@ class QuotaValuesSerializer(serializers.Serializer):
     max_tokens_limit = _quota_field(False)
     max_adapters = _quota_field(False)
     max_adapter_storage_bytes = _quota_field(True)
+    fairness_weight = _weight_field(help_text="Share of the engines while tenants are backlogged (1 to 1000).")
+    priority_class = PriorityClassField(help_text="The class of the tenant's requests; interactive before batch.")
 
 
 class QuotaUpdateSerializer(serializers.Serializer):
@@ -156,6 +179,8 @@ class QuotaUpdateSerializer(serializers.Serializer):
     max_tokens_limit = _quota_field(False, required=False, allow_null=True)
     max_adapters = _quota_field(False, required=False, allow_null=True)
     max_adapter_storage_bytes = _quota_field(True, required=False, allow_null=True)
+    fairness_weight = _weight_field(required=False, allow_null=True)
+    priority_class = PriorityClassField(required=False, allow_null=True)
 
     def validate(self, attrs):
         unknown = sorted(set(self.initial_data) - set(self.fields)) if isinstance(self.initial_data, dict) else []
@@ -169,13 +194,31 @@ class QuotaSerializer(serializers.Serializer):
     overrides = QuotaUpdateSerializer(help_text="The tenant's own values; null means the platform default.")
 
 
+_AUDIT_VALUE = {"oneOf": [{"type": "integer"}, {"type": "string", "enum": list(PRIORITY_CODES)}], "nullable": True,
+                "description": "null: the platform default; priority_class by its name."}
+
+
 class QuotaChangeSerializer(serializers.ModelSerializer):
     changed_by = serializers.EmailField(source="changed_by.email", read_only=True, allow_null=True)
+    old_value = serializers.SerializerMethodField()
+    new_value = serializers.SerializerMethodField()
 
     class Meta:
         model = QuotaChange
         fields = ["id", "field", "old_value", "new_value", "changed_by", "changed_at", "source"]
         read_only_fields = fields
+
+    @extend_schema_field(_AUDIT_VALUE)
+    def get_old_value(self, change: QuotaChange) -> int | str | None:
+        return _audited(change.field, change.old_value)
+
+    @extend_schema_field(_AUDIT_VALUE)
+    def get_new_value(self, change: QuotaChange) -> int | str | None:
+        return _audited(change.field, change.new_value)
+
+
+def _audited(field: str, value: int | None) -> int | str | None:
+    return priority_name(value) if field == "priority_class" and value is not None else value
 
 
 class UsageRecordSerializer(serializers.ModelSerializer):

@@ -8,6 +8,7 @@ from django.db import models
 from rest_framework_api_key.models import AbstractAPIKey
 
 from tenants.models.tenant import Tenant
+from tenants.priority import INTERACTIVE, PRIORITY_CHOICES
 
 
 class Scope(models.TextChoices):
@@ -24,6 +25,8 @@ class TenantAPIKey(AbstractAPIKey):
     # Adapter names this key may use; empty means every adapter of the tenant. Names, not foreign keys: the
     # restriction outlives versions of an adapter and does not tie this app to the adapter registry's tables.
     adapter_names = models.JSONField(default=list, blank=True)
+    # `batch` marks the key's requests for after interactive ones; an interactive key of a batch tenant stays batch.
+    priority = models.CharField(max_length=16, choices=PRIORITY_CHOICES, default=INTERACTIVE)
     last_used_at = models.DateTimeField(null=True, blank=True)
     revoked_at = models.DateTimeField(null=True, blank=True)
 

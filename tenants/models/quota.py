@@ -4,6 +4,7 @@ from django.conf import settings
 from django.db import models
 
 from tenants.models.tenant import Tenant
+from tenants.priority import PRIORITY_NAMES
 
 QUOTA_FIELDS = (
     "requests_per_minute",
@@ -14,6 +15,8 @@ QUOTA_FIELDS = (
     "max_tokens_limit",
     "max_adapters",
     "max_adapter_storage_bytes",
+    "fairness_weight",
+    "priority_class",
 )
 
 
@@ -28,6 +31,10 @@ class Quota(models.Model):
     max_tokens_limit = models.PositiveIntegerField(null=True, blank=True)
     max_adapters = models.PositiveIntegerField(null=True, blank=True)
     max_adapter_storage_bytes = models.PositiveBigIntegerField(null=True, blank=True)
+    # Fair service when the engines are full: the tenant's share weight (1..1000) and its class as a code of
+    # tenants.priority (1 interactive, 2 batch), an integer so that it is audited like every other limit.
+    fairness_weight = models.PositiveSmallIntegerField(null=True, blank=True)
+    priority_class = models.PositiveSmallIntegerField(null=True, blank=True, choices=sorted(PRIORITY_NAMES.items()))
     updated_at = models.DateTimeField(auto_now=True)
 
     def __str__(self) -> str:

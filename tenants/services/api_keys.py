@@ -11,6 +11,7 @@ from django.utils import timezone
 from tenants.adapter_names import ADAPTER_NAME_PATTERN
 from tenants.key_auth import auth_generation_bump
 from tenants.models import Scope, Tenant, TenantAPIKey
+from tenants.priority import INTERACTIVE, PRIORITY_CODES
 
 MAX_ADAPTER_NAMES = 100
 _ADAPTER_NAME = re.compile(ADAPTER_NAME_PATTERN)
@@ -18,8 +19,10 @@ _ADAPTER_NAME = re.compile(ADAPTER_NAME_PATTERN)
 
 @transaction.atomic
 def api_key_create(*, tenant: Tenant, name: str, scopes: Iterable[str], adapter_names: Iterable[str] = (),
-                   expires_at: datetime | None = None, created_by=None) -> tuple[TenantAPIKey, str]:
-    """A new key and its raw value `<prefix>.<secret>`, which is not stored and cannot be shown again."""
+                   expires_at: datetime | None = None, priority: str = INTERACTIVE,
+                   created_by=None) -> tuple[TenantAPIKey, str]:
+    """A new key and its raw value `<prefix>.<secret>`, which is not stored and cannot be shown again.
+    `priority`: `batch` has the engines serve its requests after interactive ones."""
     name = name.strip()
     if not name or len(name) > 50:
         raise ValidationError({"name": "A key needs a name of 1 to 50 characters."})
@@ -35,13 +38,15 @@ def api_key_create(*, tenant: Tenant, name: str, scopes: Iterable[str], adapter_
         raise ValidationError({"adapter_names": f"{malformed[0]!r} is not an adapter name (letters, digits, '.', "
                                                 "'_', '-'; no version: a key allowed an adapter may use all of "
                                                 "its versions)."})
+    if priority not in PRIORITY_CODES:
+        raise ValidationError({"priority": f"A key's priority is one of {', '.join(PRIORITY_CODES)}."})
     if expires_at is not None and expires_at <= timezone.now():
         raise ValidationError({"expires_at": "The expiry must be in the future."})
     if not tenant.is_active:
         raise ValidationError({"tenant": f"Tenant {tenant.slug} is suspended."})
     return TenantAPIKey.objects.create_key(
         tenant=tenant, name=name, scopes=scopes, adapter_names=adapter_names, expiry_date=expires_at,
-        created_by=created_by,
+        priority=priority, created_by=created_by,
     )
 
 

@@ -11,8 +11,9 @@ from tenants.models import QUOTA_FIELDS, Quota, QuotaChange, Tenant
 
 @transaction.atomic
 def quota_set(*, tenant: Tenant, changes: dict[str, int | None], changed_by=None, source: str = "api") -> Quota:
-    """Apply `changes` (field -> positive int, or None for the platform default); one audit row per field whose
-    value changed. The resulting quota must be consistent (default_max_tokens <= max_tokens_limit)."""
+    """Apply `changes` (field -> positive int, or None for the platform default; `priority_class` takes the code
+    of tenants.priority); one audit row per field whose value changed. The resulting quota must be consistent
+    (default_max_tokens <= max_tokens_limit, a weight of at most 1000, a known class)."""
     unknown = sorted(set(changes) - set(QUOTA_FIELDS))
     if unknown:
         raise ValidationError({"quota": f"Unknown quota fields: {', '.join(unknown)}."})

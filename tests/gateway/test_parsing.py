@@ -29,7 +29,8 @@ def test_unsupported_and_unknown_fields_are_400s_naming_the_field(field):
     assert error.code == ("unknown_parameter" if field == "response_format_x" else "unsupported_parameter")
 
 
-@pytest.mark.parametrize("field", ["adapter", "fairness_key", "cache_salt", "prompt_token_ids"])
+@pytest.mark.parametrize("field", ["adapter", "fairness_key", "fairness_weight", "priority", "cache_salt",
+                                   "prompt_token_ids"])
 def test_clients_cannot_send_the_engine_only_extensions(field):
     assert refusal("chat", **CHAT, **{field: "x"}).param == field
 
@@ -70,13 +71,15 @@ def test_the_engine_always_streams_with_cumulative_usage_whatever_the_client_ask
                    temperature=0.5, ignore_eos=True)
     assert not parsed.stream and not parsed.include_usage
     body = engine_body(parsed, [[5, 6, 7]], engine_model="adp_x_v1", max_tokens=9, adapter={"id": "adp_x_v1"},
-                       fairness_key="f", cache_salt="s")
+                       fairness_key="f", fairness_weight=3, priority="batch", cache_salt="s")
     assert body == {"prompt_token_ids": [5, 6, 7], "temperature": 0.5, "ignore_eos": True, "model": "adp_x_v1",
-                    "max_tokens": 9, "stream": True, "fairness_key": "f", "cache_salt": "s",
+                    "max_tokens": 9, "stream": True, "fairness_key": "f", "fairness_weight": 3,
+                    "priority": "batch", "cache_salt": "s",
                     "adapter": {"id": "adp_x_v1"},
                     "stream_options": {"include_usage": True, "continuous_usage_stats": True}}
     two = engine_body(parse("completion", model="m", prompt=["a", "b"]), [[1], [2, 3]], engine_model="m",
-                      max_tokens=1, adapter=None, fairness_key="f", cache_salt="s")
+                      max_tokens=1, adapter=None, fairness_key="f", fairness_weight=1, priority="interactive",
+                      cache_salt="s")
     assert two["prompt"] == [[1], [2, 3]]  # the ids the engine's /tokenize gave: encoded once
     streamed = parse("completion", model="m", prompt="a", stream=True, stream_options={"include_usage": True})
     assert streamed.stream and streamed.include_usage and not streamed.continuous_usage

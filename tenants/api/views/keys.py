@@ -30,7 +30,7 @@ class APIKeyListView(generics.ListAPIView):
         creator = None if isinstance(request.user, KeyPrincipal) else request.user
         key, raw_key = services.api_key_create(
             tenant=access.tenant, name=data["name"], scopes=data["scopes"], adapter_names=data.get("adapter_names", ()),
-            expires_at=data.get("expires_at"), created_by=creator,
+            expires_at=data.get("expires_at"), priority=data["priority"], created_by=creator,
         )
         key.key = raw_key
         return Response(APIKeyCreatedSerializer(key).data, status=status.HTTP_201_CREATED)

@@ -87,8 +87,8 @@ class QuotaView(APIView):
 
 
 def _quota_body(tenant: Tenant) -> dict:
-    return {"effective": selectors.quota_effective(tenant=tenant).as_dict(),
-            "overrides": selectors.quota_overrides(tenant=tenant)}
+    return QuotaSerializer({"effective": selectors.quota_effective(tenant=tenant).as_dict(),
+                            "overrides": selectors.quota_overrides(tenant=tenant)}).data
 
 
 class QuotaChangeListView(generics.ListAPIView):

@@ -6,6 +6,7 @@ from django.utils import timezone
 
 from tenants import services
 from tenants.models import Scope, Tenant
+from tenants.priority import INTERACTIVE, PRIORITY_CODES
 
 
 def _csv(value: str) -> list[str]:
@@ -22,8 +23,10 @@ class Command(BaseCommand):
                             help=f"Comma-separated scopes among {','.join(Scope.values)} (default: inference).")
         parser.add_argument("--adapters", type=_csv, default=[], help="Comma-separated adapter names it may use.")
         parser.add_argument("--expires-days", type=int, help="Expire after this many days (default: never).")
+        parser.add_argument("--priority", choices=list(PRIORITY_CODES), default=INTERACTIVE,
+                            help="batch: its requests are served after interactive ones (default: interactive).")
 
-    def handle(self, *args, tenant_slug, name, scopes, adapters, expires_days, **options):
+    def handle(self, *args, tenant_slug, name, scopes, adapters, expires_days, priority, **options):
         tenant = Tenant.objects.filter(slug=tenant_slug).first()
         if tenant is None:
             raise CommandError(f"no tenant {tenant_slug!r}")
@@ -32,7 +35,7 @@ class Command(BaseCommand):
         expires_at = timezone.now() + timedelta(days=expires_days) if expires_days else None
         try:
             key, raw_key = services.api_key_create(tenant=tenant, name=name, scopes=scopes, adapter_names=adapters,
-                                                   expires_at=expires_at)
+                                                   expires_at=expires_at, priority=priority)
         except ValidationError as exc:
             raise CommandError("; ".join(exc.messages)) from exc
         self.stdout.write(f"created key {key.prefix} ({', '.join(key.scopes)}) for {tenant.slug}")
