@@ -103,8 +103,19 @@ class BlockManager:
         total = computed + num_new_tokens
         for _ in range(self.blocks_needed(total) - len(seq.block_table)):
             seq.block_table.append(self._pop_free_block())
-        if self.enable_prefix_caching:
-            self._register_full_blocks(seq, total // self.block_size)
+        if self.enable_prefix_caching:  # blocks of known tokens only: a draft's are verified first
+            self._register_full_blocks(seq, min(total, seq.num_tokens) // self.block_size)
+
+    def trim(self, seq: Sequence) -> None:
+        """Free the blocks past what ``seq``'s tokens need (those a rejected draft took); they hold no cached
+        prefix: only blocks of verified tokens are registered."""
+        keep = self.blocks_needed(seq.num_tokens)
+        while len(seq.block_table) > keep:
+            block = self.blocks[seq.block_table.pop()]
+            assert block.hash is None and block.ref_count == 1, f"{block} is shared or cached"
+            block.ref_count = 0
+            self.free_queue[block.block_id] = None
+            self.free_queue.move_to_end(block.block_id, last=False)
 
     def free(self, seq: Sequence) -> None:
         for block_id in reversed(seq.block_table):

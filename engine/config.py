@@ -66,6 +66,9 @@ class EngineConfig:
     # Seconds the server waits for a request's output constraint to compile (off the engine loop) before it answers
     # 400; the grammar library's own limits bound the work (engine/structured/llguidance_backend.py).
     structured_outputs_compile_timeout: float = 10.0
+    # Drafts without a draft model (engine.spec_decode): {"method": "ngram" | "suffix", "num_speculative_tokens": k,
+    # ...} as vLLM's speculative_config; None: one token a step.
+    speculative_config: dict | None = None
 
     def __post_init__(self):
         if not isinstance(self.model, str | Path) or not str(self.model):
@@ -95,6 +98,9 @@ class EngineConfig:
         timeout = self.structured_outputs_compile_timeout
         if isinstance(timeout, bool) or not isinstance(timeout, int | float) or not 0 < timeout <= 3600:
             raise ValueError(f"structured_outputs_compile_timeout must be seconds in (0, 3600], got {timeout!r}")
+        from engine.spec_decode.config import SpeculativeConfig  # torch-free
+
+        SpeculativeConfig.from_dict(self.speculative_config)
         self._validate_lora()
 
     def _validate_lora(self) -> None:

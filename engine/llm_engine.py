@@ -34,6 +34,8 @@ from engine.sampler import SamplerOutput
 from engine.sampling_params import SamplingParams
 from engine.scheduler import Scheduler, SchedulerOutput
 from engine.sequence import SequenceStatus
+from engine.spec_decode.config import SpeculativeConfig
+from engine.spec_decode.decoder import SpecDecoder
 from engine.structured.decoding import StructuredDecoding
 
 logger = logging.getLogger(__name__)
@@ -101,6 +103,8 @@ class LLMEngine:
             num_kv_blocks=self.block_manager.num_blocks, block_size=config.block_size,
             lora_enabled=self.adapters is not None, device=self.model_runner.device, structured=self.structured)
         self.output_processor = OutputProcessor(self.eos_token_ids, self.max_model_len)
+        spec = SpeculativeConfig.from_dict(config.speculative_config)
+        self.spec = SpecDecoder(spec, self.max_model_len) if spec is not None else None
         self.requests: dict[str, Request] = {}
         self._failed: list[RequestOutput] = []  # outputs of requests failed between steps, returned by the next
         # The engine's one set of counters: finished, aborted, prompt/generated/computed tokens, steps, step_errors
@@ -214,6 +218,8 @@ class LLMEngine:
     def step(self) -> list[RequestOutput]:
         """One scheduling step and forward pass; outputs of the requests that produced a token or finished."""
         failed = self._poll_adapters()
+        if self.spec is not None:
+            self.spec.propose(self.scheduler.running, self.scheduler.num_steps)
         out = self.scheduler.schedule()
         if out.is_empty:
             if not failed and self.has_pending_loads():  # nothing to run until a load lands: wait for it briefly
@@ -221,17 +227,30 @@ class LLMEngine:
             return failed
         now = time.monotonic()
         sampled = self.model_runner.execute(out)
-        self.scheduler.update(out, sampled.token_ids)
+        if sampled.emitted is not None:
+            self._record_drafts(out, sampled)
+        self.scheduler.update(out, sampled.token_ids, sampled.emitted)
         self._count_step(out, sampled, now)
         result = self.output_processor.process(out.seqs, sampled, self.requests, time.monotonic())
         for reason, seqs in result.finished.items():
             self.scheduler.finish(seqs, reason)
+            if self.spec is not None:
+                for seq in seqs:
+                    self.spec.finished(seq)
         return failed + [self._request_output(request) for request in result.touched.values()]
+
+    def _record_drafts(self, out: SchedulerOutput, sampled: SamplerOutput) -> None:
+        step = self.scheduler.num_steps
+        for seq, tokens in zip(out.seqs, sampled.emitted, strict=True):
+            if tokens is not None:
+                self.spec.record(seq, len(seq.spec_token_ids), len(tokens) - 1, step)
 
     def _count_step(self, out: SchedulerOutput, sampled: SamplerOutput, now: float) -> None:
         self.counters["steps"] += 1
         self.counters["computed_tokens"] += out.num_batched_tokens
-        self.counters["generated_tokens"] += sum(token is not None for token in sampled.token_ids)
+        emitted = sampled.emitted or [None] * len(sampled.token_ids)
+        self.counters["generated_tokens"] += sum(len(extra) if extra is not None else token is not None
+                                                 for token, extra in zip(sampled.token_ids, emitted, strict=True))
         for seq in out.seqs:
             metrics = self.requests[seq.request_id].metrics
             metrics.first_scheduled_time = metrics.first_scheduled_time or now
@@ -311,6 +330,7 @@ class LLMEngine:
             "step_errors": self.counters["step_errors"],
             "preemptions": self.scheduler.num_preemptions,
             "fairness": self.scheduler.admission.stats(),  # counters by opaque key, never a tenant's name
+            "speculative": self.spec.stats() if self.spec is not None else None,
             "gemm": self.model_runner.gemm.stats(),  # dtype and the GEMM path of each projection per band of M
             **(self.adapters.stats() if self.adapters is not None else _NO_ADAPTERS),
         }

@@ -17,6 +17,7 @@ from engine.models.gemm_choice import choose_gemm
 from engine.models.loader import load_model
 from engine.sampler import Sampler, SamplerOutput
 from engine.scheduler import SchedulerOutput
+from engine.spec_decode.verify import verify
 
 logger = logging.getLogger(__name__)
 
@@ -78,10 +79,12 @@ class ModelRunner:
         return num_blocks
 
     def prepare(self, out: SchedulerOutput) -> tuple[torch.Tensor, BatchMetadata, list[int]]:
-        """Flatten the step: token ids [T], the batch metadata, and for each logits row the index in ``out.seqs``
-        of the sequence that samples from it.
+        """Flatten the step: token ids [T], the batch metadata, and for each sampling sequence the index in
+        ``out.seqs`` (its logits rows come in that order: one, or a draft's ``d + 1``).
 
         Sequences with adapters are laid out by slot, so each adapter's tokens are one run for the LoRA kernels.
+        A sequence's draft (``spec_token_ids``) follows its last token as more query tokens of it: causal
+        attention over its context, a logits row at each of them.
         """
         bs = self.block_size
         input_ids, positions, slots, tables, seq_lens, starts, logits_indices = [], [], [], [], [], [0], []
@@ -94,14 +97,16 @@ class ModelRunner:
             first, end = seq.num_computed_tokens, seq.num_computed_tokens + num_new
             table = seq.block_table
             input_ids.extend(seq.token_ids[first:end])
+            if end > seq.num_tokens:  # the draft's tokens after the sequence's own
+                input_ids.extend(seq.spec_token_ids[:end - seq.num_tokens])
             positions.extend(range(first, end))
             slots.extend(table[p // bs] * bs + p % bs for p in range(first, end))
             token_slots.extend([seq.lora_slot] * num_new)
             tables.append(table)
             seq_lens.append(end)
             starts.append(starts[-1] + num_new)
-            if end == seq.num_tokens:  # context complete: its last token's logits pick the next token
-                logits_indices.append(starts[-1] - 1)
+            if end >= seq.num_tokens:  # context complete: its last token's logits pick the next token
+                logits_indices.extend(range(starts[-1] - 1 - (end - seq.num_tokens), starts[-1]))
                 rows.append(index)
         width = max(len(t) for t in tables)
         padded = [t + [0] * (width - len(t)) for t in tables]
@@ -128,7 +133,23 @@ class ModelRunner:
         input_ids, batch, rows = self.prepare(out)
         hidden = self.model(input_ids, batch)  # [T, hidden]
         result = SamplerOutput.empty(len(out.seqs))
-        if rows:
-            logits = self.model.compute_logits(hidden[batch.logits_indices])  # [num_sampling, vocab]
+        if not rows:
+            return result
+        logits = self.model.compute_logits(hidden[batch.logits_indices])  # [num_logits_rows, vocab]
+        drafting = [i for i in rows if out.seqs[i].spec_token_ids]
+        if not drafting:
             result.scatter(rows, self.sampler(logits, [out.seqs[i] for i in rows]))
+            return result
+        plain, plain_rows, draft_rows, position = [], [], [], 0
+        for i in rows:
+            width = len(out.seqs[i].spec_token_ids) + 1
+            (draft_rows if width > 1 else plain_rows).extend(range(position, position + width))
+            if width == 1:
+                plain.append(i)
+            position += width
+        if plain:
+            result.scatter(plain, self.sampler(logits[plain_rows], [out.seqs[i] for i in plain]))
+        seqs = [out.seqs[i] for i in drafting]
+        result.scatter_verified(drafting, verify(logits[draft_rows], seqs, [s.spec_token_ids for s in seqs],
+                                                 self.sampler.generator))
         return result

@@ -49,15 +49,33 @@ class OutputProcessor:
             token_id = sampled.token_ids[i]
             if token_id is None:  # a prompt chunk before the last
                 continue
-            if seq.logprobs is not None:
-                seq.logprobs.append(sampled.logprobs[i])
-                seq.cumulative_logprob += sampled.sampled_logprobs[i]
-            reason = self._check_stop(seq, token_id)
+            if sampled.emitted is not None and sampled.emitted[i] is not None:
+                reason = self._process_emitted(seq, sampled.emitted[i], sampled.emitted_logprobs[i])
+            else:
+                if seq.logprobs is not None:
+                    seq.logprobs.append(sampled.logprobs[i])
+                    seq.cumulative_logprob += sampled.sampled_logprobs[i]
+                reason = self._check_stop(seq, token_id)
             if reason is not None:
                 result.finished[reason].append(seq)
             request = result.touched[seq.request_id] = requests[seq.request_id]
             request.metrics.first_token_time = request.metrics.first_token_time or now
         return result
+
+    def _process_emitted(self, seq: Sequence, tokens: list[int], logprobs: list | None) -> str | None:
+        """A verified draft's tokens (already appended), each checked in turn as if it came alone; those after
+        one that stops the sequence are dropped."""
+        del seq.token_ids[len(seq.token_ids) - len(tokens):]
+        for j, token in enumerate(tokens):
+            seq.token_ids.append(token)
+            if seq.logprobs is not None:
+                seq.logprobs.append(logprobs[j][0])
+                seq.cumulative_logprob += logprobs[j][1]
+            reason = self._check_stop(seq, token)
+            if reason is not None:
+                seq.num_computed_tokens = min(seq.num_computed_tokens, seq.num_tokens)
+                return reason
+        return None
 
     def _check_stop(self, seq: Sequence, token_id: int) -> str | None:
         params = seq.params

@@ -18,10 +18,24 @@ class SamplerOutput:
     token_ids: list[int | None]  # per row; None: the row did not sample (a step's prompt chunk before its last)
     logprobs: list[dict[int, float] | None]  # per row: {token id: logprob}, sampled token first; None if unasked
     sampled_logprobs: list[float | None]
+    # Rows that verified a draft (engine.spec_decode): every token they emit (kept drafts, then one), with the
+    # logprobs of each; token_ids/logprobs then hold the last one's. None when no row drafted.
+    emitted: list[list[int] | None] | None = None
+    emitted_logprobs: list[list | None] | None = None
 
     @classmethod
     def empty(cls, num_rows: int) -> "SamplerOutput":
         return cls([None] * num_rows, [None] * num_rows, [None] * num_rows)
+
+    def scatter_verified(self, rows: list[int], verified: list) -> None:
+        """Put each ``engine.spec_decode.verify.Verified`` at its row."""
+        if self.emitted is None:
+            self.emitted, self.emitted_logprobs = [None] * len(self.token_ids), [None] * len(self.token_ids)
+        for i, v in zip(rows, verified, strict=True):
+            self.emitted[i] = v.tokens
+            self.token_ids[i] = v.tokens[-1]
+            if v.logprobs is not None:
+                self.emitted_logprobs[i] = list(zip(v.logprobs, v.sampled_logprobs, strict=True))
 
     def scatter(self, rows: list[int], sampled: "SamplerOutput") -> None:
         """Put ``sampled``'s row ``j`` at row ``rows[j]``."""

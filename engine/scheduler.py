@@ -98,7 +98,9 @@ class Scheduler:
         i = 0
         while i < len(self.running) and budget > 0:
             seq = self.running[i]
-            num_new = min(seq.num_tokens - seq.num_computed_tokens, budget)
+            num_new = min(seq.num_tokens - seq.num_computed_tokens + len(seq.spec_token_ids), budget)
+            if seq.spec_token_ids:  # a draft takes what the budget and the blocks leave, never a seat of another
+                num_new = self._fit_draft(seq, num_new)
             while not self.block_manager.can_append(seq, num_new):
                 victim = self.running.pop()  # the newest; never one already scheduled (those are before i)
                 self._preempt(victim)
@@ -110,6 +112,14 @@ class Scheduler:
             budget -= num_new
             i += 1
         return budget
+
+    def _fit_draft(self, seq: Sequence, num_new: int) -> int:
+        base = seq.num_tokens - seq.num_computed_tokens
+        keep = max(0, num_new - base)
+        while keep and not self.block_manager.can_append(seq, base + keep):
+            keep -= 1
+        del seq.spec_token_ids[keep:]
+        return base + keep
 
     def _schedule_waiting(self, out: SchedulerOutput, budget: int) -> None:
         admitted = set()
@@ -151,14 +161,27 @@ class Scheduler:
         self.block_manager.free(seq)
         self.admission.release(seq)
         seq.num_computed_tokens = 0
+        seq.spec_token_ids = []
         seq.status = SequenceStatus.WAITING
         seq.num_preemptions += 1
         self.num_preemptions += 1
         self.waiting.appendleft(seq)  # victims leave newest first, so FCFS order is kept at the front
 
-    def update(self, out: SchedulerOutput, sampled_token_ids: list[int | None]) -> None:
-        """Record a finished step: tokens computed, and the token sampled for each sequence that sampled."""
-        for seq, num_new, token_id in zip(out.seqs, out.num_new_tokens, sampled_token_ids, strict=True):
+    def update(self, out: SchedulerOutput, sampled_token_ids: list[int | None],
+               emitted: list[list[int] | None] | None = None) -> None:
+        """Record a finished step: tokens computed, and the token sampled for each sequence that sampled. A
+        sequence that drafted emits ``emitted[i]`` (its kept drafts, then one token): the KV of its rejected drafts
+        is dropped by counting only the kept ones as computed, and the blocks they took are freed."""
+        for i, (seq, num_new, token_id) in enumerate(zip(out.seqs, out.num_new_tokens, sampled_token_ids,
+                                                          strict=True)):
+            drafts = seq.spec_token_ids
+            if drafts:
+                tokens = emitted[i]
+                seq.num_computed_tokens += num_new - (len(drafts) - (len(tokens) - 1))
+                seq.token_ids.extend(tokens)
+                seq.spec_token_ids = []
+                self.block_manager.trim(seq)
+                continue
             seq.num_computed_tokens += num_new
             if token_id is not None:
                 seq.token_ids.append(token_id)
@@ -186,7 +209,7 @@ class Scheduler:
         assert order == sorted(order), "running sequences out of FCFS order"
         for seq, num_new in zip(out.seqs, out.num_new_tokens, strict=True):
             assert seq.status is SequenceStatus.RUNNING and num_new > 0
-            assert seq.num_computed_tokens + num_new <= seq.num_tokens
+            assert seq.num_computed_tokens + num_new <= seq.num_tokens + len(seq.spec_token_ids)
             assert len(seq.block_table) * self.block_manager.block_size >= seq.num_computed_tokens + num_new
         for seq in self.waiting:
             assert seq.status is SequenceStatus.WAITING and not seq.block_table and seq.num_computed_tokens == 0

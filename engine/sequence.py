@@ -49,7 +49,7 @@ class Sequence:
         "token_ids", "num_prompt_tokens", "num_computed_tokens", "num_cached_tokens", "status",
         "block_table", "block_hashes", "num_hashed_blocks",
         "detokenizer", "matcher", "logprobs", "cumulative_logprob", "finish_reason", "stop_reason",
-        "num_preemptions", "fair_share",
+        "num_preemptions", "fair_share", "spec_token_ids", "spec_state",
     )
 
     def __init__(
@@ -92,6 +92,8 @@ class Sequence:
         self.stop_reason: int | str | None = None  # the stop token id or stop string that ended it
         self.num_preemptions = 0
         self.fair_share = UNKEYED  # whose it is, for fair admission (engine.fairness); set once by the engine
+        self.spec_token_ids: list[int] = []  # this step's draft (engine.spec_decode): verified, then cleared
+        self.spec_state = None  # its drafting's state (engine.spec_decode.decoder.SpecState)
 
     @property
     def num_tokens(self) -> int:

@@ -51,6 +51,9 @@ def build_parser() -> argparse.ArgumentParser:
     engine.add_argument("--structured-outputs-compile-timeout", type=float, default=10.0, metavar="SECONDS",
                         help="how long a request's JSON schema, regex or grammar may take to compile (off the "
                              "engine loop) before the request gets 400")
+    engine.add_argument("--speculative-config", type=_json_object, default=None, metavar="JSON",
+                        help='drafts without a draft model, vLLM\'s names: \'{"method": "ngram", '
+                             '"num_speculative_tokens": 4}\' or "method": "suffix" (engine/spec_decode)')
     lora = serve.add_argument_group("LoRA")
     lora.add_argument("--enable-lora", action="store_true", default=True, help="serve adapters (the default)")
     lora.add_argument("--no-enable-lora", dest="enable_lora", action="store_false", help="serve the base model only")
@@ -58,6 +61,18 @@ def build_parser() -> argparse.ArgumentParser:
     lora.add_argument("--max-cpu-loras", type=int, default=64, help="adapters kept in host memory")
     lora.add_argument("--max-lora-rank", type=int, default=64)
     return parser
+
+
+def _json_object(text: str) -> dict:
+    import json
+
+    try:
+        value = json.loads(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(f"not JSON: {exc}") from None
+    if not isinstance(value, dict):
+        raise argparse.ArgumentTypeError("must be a JSON object")
+    return value
 
 
 def engine_kwargs(args: argparse.Namespace) -> dict:
@@ -68,6 +83,7 @@ def engine_kwargs(args: argparse.Namespace) -> dict:
         "enable_prefix_caching": args.enable_prefix_caching, "dtype": args.dtype,
         "kv_cache_dtype": args.kv_cache_dtype, "gemm": args.gemm, "device": args.device, "seed": args.seed,
         "structured_outputs_compile_timeout": args.structured_outputs_compile_timeout,
+        "speculative_config": args.speculative_config,
     }
     if args.enable_lora:
         sources = [s.strip() for s in args.adapter_sources.split(",") if s.strip()]

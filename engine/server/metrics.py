@@ -53,6 +53,14 @@ class EngineMetrics:
         self.step_errors = Gauge("engine_step_errors", "Engine steps that raised since start", registry=r)
         self.saturated = Gauge("engine_saturated", "1 while the waiting queue is over half of --max-waiting",
                                registry=r)
+        self.spec_drafted = Gauge("engine_spec_decode_drafted_tokens", "Draft tokens proposed", ["method"],
+                                  registry=r)
+        self.spec_accepted = Gauge("engine_spec_decode_accepted_tokens", "Draft tokens kept by verification",
+                                   ["method"], registry=r)
+        self.spec_acceptance = Gauge("engine_spec_decode_acceptance_rate", "Accepted over drafted tokens",
+                                     ["method"], registry=r)
+        self.spec_mean_length = Gauge("engine_spec_decode_mean_accepted_length",
+                                      "Draft tokens kept per verified sequence-step", ["method"], registry=r)
         self.fairness_backlogged_keys = Gauge("engine_fairness_backlogged_keys",
                                               "Fairness keys with requests waiting or running", registry=r)
         self.fairness_counter_spread = Gauge("engine_fairness_counter_spread",
@@ -92,6 +100,12 @@ class EngineMetrics:
             self.grammar_cache_misses.set(cache["misses"])
             self.grammar_cache_entries.set(cache["entries"])
             self.grammar_compile_timeouts.set(structured["compile_timeouts"])
+        spec = stats.get("speculative")
+        if spec is not None:
+            self.spec_drafted.labels(spec["method"]).set(spec["drafted_tokens"])
+            self.spec_accepted.labels(spec["method"]).set(spec["accepted_tokens"])
+            self.spec_acceptance.labels(spec["method"]).set(spec["acceptance_rate"])
+            self.spec_mean_length.labels(spec["method"]).set(spec["mean_accepted_length"])
         fairness = stats.get("fairness")
         if fairness is not None:  # aggregates only: a label per key would be one series per tenant
             self.fairness_backlogged_keys.set(fairness["backlogged_keys"])

@@ -1,0 +1,1 @@
+"""Speculative decoding without a draft model: n-gram (prompt lookup) and suffix-tree proposers."""

@@ -1,0 +1,58 @@
+"""``SpeculativeConfig``: ``speculative_config`` as ``LLM`` and ``engine serve --speculative-config`` take it (vLLM's
+field names where vLLM has them)."""
+
+from dataclasses import dataclass, fields
+
+METHODS = ("ngram", "suffix")
+MAX_SPECULATIVE_TOKENS = 16
+
+
+@dataclass(frozen=True, slots=True)
+class SpeculativeConfig:
+    method: str
+    num_speculative_tokens: int = 4
+    # ngram: the longest repeated suffix between these lengths is looked up in the sequence itself
+    prompt_lookup_min: int = 1
+    prompt_lookup_max: int = 4
+    # suffix: tries cut at this depth; a continuation is drafted while its share of the counts is at least this
+    suffix_decoding_max_tree_depth: int = 32
+    suffix_decoding_min_token_prob: float = 0.1
+    suffix_decoding_max_tree_nodes: int = 4_000_000  # over every scope's tree (about 120 bytes a node)
+    # No drafts in a step with more sequences running than this: at large batch a CPU step is compute-bound and
+    # verifying drafts costs more than it saves (bench.spec_decode measures where; this is its default).
+    max_batch_size: int = 8
+    # A sequence whose acceptance (exponential average) falls under this drafts again only after a back-off.
+    min_acceptance_rate: float = 0.25
+
+    @classmethod
+    def from_dict(cls, value: "dict | SpeculativeConfig | None") -> "SpeculativeConfig | None":
+        if value is None or isinstance(value, SpeculativeConfig):
+            return value
+        if not isinstance(value, dict):
+            raise ValueError(f"speculative_config must be a dict, got {type(value).__name__}")
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(value) - known)
+        if unknown:
+            raise ValueError(f"speculative_config has unknown fields {unknown}; known: {sorted(known)}")
+        if "method" not in value:
+            raise ValueError(f"speculative_config needs 'method' ({' or '.join(METHODS)})")
+        return cls(**value)
+
+    def __post_init__(self):
+        if self.method not in METHODS:
+            raise ValueError(f"speculative_config.method must be one of {METHODS}, got {self.method!r}")
+        _int_in("num_speculative_tokens", self.num_speculative_tokens, 1, MAX_SPECULATIVE_TOKENS)
+        _int_in("prompt_lookup_min", self.prompt_lookup_min, 1, 64)
+        _int_in("prompt_lookup_max", self.prompt_lookup_max, self.prompt_lookup_min, 64)
+        _int_in("suffix_decoding_max_tree_depth", self.suffix_decoding_max_tree_depth, 2, 256)
+        _int_in("suffix_decoding_max_tree_nodes", self.suffix_decoding_max_tree_nodes, 1, 1 << 31)
+        _int_in("max_batch_size", self.max_batch_size, 1, 1 << 20)
+        for name in ("suffix_decoding_min_token_prob", "min_acceptance_rate"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int | float) or not 0 <= value <= 1:
+                raise ValueError(f"speculative_config.{name} must be in [0, 1], got {value!r}")
+
+
+def _int_in(name: str, value, low: int, high: int) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
+        raise ValueError(f"speculative_config.{name} must be an integer in [{low}, {high}], got {value!r}")
