@@ -151,5 +151,5 @@ class ModelRunner:
             result.scatter(plain, self.sampler(logits[plain_rows], [out.seqs[i] for i in plain]))
         seqs = [out.seqs[i] for i in drafting]
         result.scatter_verified(drafting, verify(logits[draft_rows], seqs, [s.spec_token_ids for s in seqs],
-                                                 self.sampler.generator))
+                                                 self.sampler.generator, self.sampler.structured))
         return result

@@ -1,9 +1,11 @@
 """``SpecDecoder``: which running sequences draft this step, with what, and what their verification said.
 
 Before each step the engine asks it to propose for the running sequences that decode next (one token left to
-compute). A sequence drafts only when exactness is cheap to keep: no repetition penalties, no output constraint,
-past ``min_tokens`` (those change the distribution token by token; they decode one token a step as before). The
-draft never runs past ``max_tokens`` or the context. The step drafts nothing when more sequences run than
+compute). A sequence drafts only when exactness is cheap to keep: no repetition penalties and past ``min_tokens``
+(those change the distribution token by token; they decode one token a step as before). A constrained sequence's
+draft is cut at the first token its grammar refuses (the matcher walks the draft and rolls back), and each of its
+rows is masked by the grammar's state after the draft's tokens before it (``verify.mask_drafts``). The draft never
+runs past ``max_tokens`` or the context. The step drafts nothing when more sequences run than
 ``max_batch_size`` (at a large batch a CPU step is compute-bound: verifying costs more than it saves).
 
 Adaptive per sequence: an exponential average of its acceptance; under ``min_acceptance_rate`` it stops drafting for
@@ -37,6 +39,17 @@ class SpecState:
         self.resume_step = 0
 
 
+def _grammatical(matcher, draft: list[int]) -> list[int]:
+    """The longest head of ``draft`` the constraint allows from its state now (left as it was)."""
+    kept = 0
+    for token in draft:
+        if matcher.is_terminated() or not matcher.accept_token(token):
+            break
+        kept += 1
+    matcher.rollback(kept)
+    return draft[:kept]
+
+
 def scope_of(seq: Sequence) -> Hashable:
     """The suffix trees a sequence may draft from: its tenant's (cache salt) for its adapter version."""
     return seq.cache_salt, seq.cache_key
@@ -62,8 +75,7 @@ class SpecDecoder:
 
     def eligible(self, seq: Sequence) -> bool:
         params = seq.params
-        return (not params.needs_penalties and seq.matcher is None
-                and seq.num_output_tokens >= params.min_tokens)
+        return not params.needs_penalties and seq.num_output_tokens >= params.min_tokens
 
     def propose(self, running: list[Sequence], step: int) -> None:
         """Set ``spec_token_ids`` of the running sequences that draft this step (the scheduler may cut them)."""
@@ -86,7 +98,8 @@ class SpecDecoder:
             k = min(self.k, room)
             if k <= 0:
                 continue
-            seq.spec_token_ids = self._draft(seq, state, k)
+            draft = self._draft(seq, state, k)
+            seq.spec_token_ids = _grammatical(seq.matcher, draft) if seq.matcher is not None and draft else draft
 
     def _draft(self, seq: Sequence, state: SpecState, k: int) -> list[int]:
         if self.ngram is not None:

@@ -26,9 +26,15 @@ class Verified:
     sampled_logprobs: list[float] | None
 
 
-def verify(logits: torch.Tensor, seqs: list[Sequence], drafts: list[list[int]], generator: torch.Generator
-           ) -> list[Verified]:
-    """``logits``: [sum(len(d) + 1), V] float32, each sequence's rows in order. One ``Verified`` per sequence."""
+def verify(logits: torch.Tensor, seqs: list[Sequence], drafts: list[list[int]], generator: torch.Generator,
+           structured=None) -> list[Verified]:
+    """``logits``: [sum(len(d) + 1), V] float32, each sequence's rows in order. One ``Verified`` per sequence.
+    Constrained sequences' rows are masked first (``structured``: the engine's StructuredDecoding); logprobs stay
+    the raw distribution's."""
+    raw = logits
+    if structured is not None and any(seq.matcher is not None for seq in seqs):
+        logits = logits.clone()
+        mask_drafts(structured, logits, seqs, drafts)
     starts, row = [], 0
     for draft in drafts:
         starts.append(row)
@@ -52,8 +58,34 @@ def verify(logits: torch.Tensor, seqs: list[Sequence], drafts: list[list[int]], 
         else:
             gen = seq.generator if seq.generator is not None else generator
             tokens = _verify_sampled(draft, [probs[start + j] for j in range(len(draft) + 1)], gen)
-        out.append(_with_logprobs(seq, tokens, logits[start:start + len(tokens)]))
+        out.append(_with_logprobs(seq, tokens, raw[start:start + len(tokens)]))
     return out
+
+
+def mask_drafts(structured, logits: torch.Tensor, seqs: list[Sequence], drafts: list[list[int]]) -> None:
+    """Mask, in place, the rows of constrained sequences: row ``j`` by the grammar's state after the draft's first
+    ``j`` tokens (the matcher walks the draft, filling a row at each step, and rolls back)."""
+    constrained = [i for i, seq in enumerate(seqs) if seq.matcher is not None]
+    if not constrained:
+        return
+    from engine.structured.bitmask import apply_bitmask
+
+    backend = structured.backend
+    bitmask = backend.allocate_bitmask(logits.shape[0])
+    rows, start = [], 0
+    starts = []
+    for draft in drafts:
+        starts.append(start)
+        start += len(draft) + 1
+    for i in constrained:
+        matcher, draft = seqs[i].matcher, drafts[i]
+        for j in range(len(draft) + 1):
+            matcher.fill_bitmask(bitmask, starts[i] + j)
+            rows.append(starts[i] + j)
+            if j < len(draft) and not matcher.accept_token(draft[j]):
+                raise RuntimeError(f"draft token {draft[j]} was checked against the grammar and is refused now")
+        matcher.rollback(len(draft))
+    apply_bitmask(logits, bitmask, rows)
 
 
 def _verify_greedy(draft: list[int], targets: list[int]) -> list[int]:

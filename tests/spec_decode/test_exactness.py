@@ -197,3 +197,23 @@ def test_vllm_names_are_accepted():
     config = SpeculativeConfig.from_dict({"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_min": 2,
                                           "prompt_lookup_max": 5})
     assert (config.num_speculative_tokens, config.prompt_lookup_min, config.prompt_lookup_max) == (3, 2, 5)
+
+
+def test_constrained_sequences_draft_within_their_grammar_and_match_speculation_off(folder):
+    from engine.structured import StructuredOutputsParams
+
+    schema = {"type": "object", "properties": {"tags": {"type": "array", "items": {"enum": ["alpha", "beta"]},
+                                                        "minItems": 4, "maxItems": 12}},
+              "required": ["tags"], "additionalProperties": False}
+    constraints = [StructuredOutputsParams(regex="(ab|cd){6,20}"),
+                   StructuredOutputsParams(json=schema, disable_any_whitespace=True),
+                   StructuredOutputsParams(choice=["left-left-left", "right"])]
+    prompts = [repetitive(i, 16) for i in range(6)]
+    params = [SamplingParams(temperature=0, max_tokens=120, structured_outputs=constraints[i % 3]) for i in range(6)]
+    off = make_llm(folder).generate(prompts, params, use_tqdm=False)
+    on_llm = make_llm(folder, NGRAM)
+    on = on_llm.generate(prompts, params, use_tqdm=False)
+    assert tokens(on) == tokens(off)
+    assert [o.outputs[0].finish_reason for o in on] == [o.outputs[0].finish_reason for o in off]
+    stats = on_llm.llm_engine.stats()["speculative"]
+    assert stats["drafted_tokens"] > 0 and stats["accepted_tokens"] > 0
