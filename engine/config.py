@@ -14,6 +14,7 @@ _UNITS = {"b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
           "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}
 _DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 GEMM_MODES = ("auto", "torch", "onednn")
+QUANTIZATIONS = (None, "int8")
 MAX_LORA_RANK = 512
 
 
@@ -52,6 +53,8 @@ class EngineConfig:
     dtype: str = "auto"
     kv_cache_dtype: str = "auto"  # "auto": the model's dtype
     gemm: str = "auto"  # "auto": time each GEMM path at start-up (cached on disk); a path name: always that one
+    # "int8": decoder projections quantized at load (engine.models.quant); GGUF Q8_0/Q4_x tensors run quantized anyway
+    quantization: str | None = None
     device: str = "auto"
     seed: int = 0
     check_invariants: bool = False
@@ -93,6 +96,8 @@ class EngineConfig:
                 raise ValueError(f"{name} must be 'auto' or one of {sorted(_DTYPES)}, got {getattr(self, name)!r}")
         if self.gemm not in GEMM_MODES:
             raise ValueError(f"gemm must be one of {GEMM_MODES}, got {self.gemm!r}")
+        if self.quantization not in QUANTIZATIONS:
+            raise ValueError(f"quantization must be one of {QUANTIZATIONS}, got {self.quantization!r}")
         if self.device not in ("auto", "cpu") and not self.device.startswith("cuda"):
             raise ValueError(f"device must be 'auto', 'cpu' or 'cuda[:N]', got {self.device!r}")
         timeout = self.structured_outputs_compile_timeout

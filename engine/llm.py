@@ -19,10 +19,12 @@ Prompt = str | list[int] | dict
 class LLM:
     """Load a model once, then run batches of prompts to completion with continuous batching.
 
-    ``model`` is an HF folder or a known model name (``smollm2-135m-instruct``). Every other keyword is an
-    ``EngineConfig`` field (``block_size``, ``max_num_seqs``, ``max_num_batched_tokens``, ``kv_cache_memory``,
-    ``gpu_memory_utilization``, ``enable_prefix_caching``, ``dtype``, ``kv_cache_dtype``, ``gemm``, ``device``,
-    ``seed``, ...). ``dtype="auto"`` is bf16 on CPUs with native bf16 dot products and on CUDA, else fp32.
+    ``model`` is an HF folder, a ``.gguf`` file (its Q8_0/Q4_0/Q4_1 tensors run quantized) or a known model name
+    (``smollm2-135m-instruct``). Every other keyword is an ``EngineConfig`` field (``block_size``,
+    ``max_num_seqs``, ``max_num_batched_tokens``, ``kv_cache_memory``, ``gpu_memory_utilization``,
+    ``enable_prefix_caching``, ``dtype``, ``kv_cache_dtype``, ``gemm``, ``quantization``, ``device``, ``seed``,
+    ...). ``dtype="auto"`` is bf16 on CPUs with native bf16 dot products and on CUDA, else fp32;
+    ``quantization="int8"`` quantizes the decoder's projections at load (CPU).
     """
 
     def __init__(self, model: str, **engine_kwargs):

@@ -41,7 +41,7 @@ class ModelRunner:
         if self.device.type == "cpu":
             keep_freed_memory()
         self.model = load_model(folder, model_config, dtype=self.dtype, device=self.device,
-                                max_positions=max_model_len)
+                                max_positions=max_model_len, quantization=config.quantization)
         self.gemm = choose_gemm(self.model, mode=config.gemm, dtype=self.dtype, device=self.device,
                                 max_num_batched_tokens=config.max_num_batched_tokens,
                                 max_num_seqs=config.max_num_seqs)

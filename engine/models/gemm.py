@@ -5,6 +5,7 @@ Paths, each in the model's dtype with fp32 accumulation:
   * ``onednn``: oneDNN's inner product on a weight reordered once into its blocked layout
     (``torch.ops.mkldnn._reorder_linear_weight`` + ``_linear_pointwise``, what torch.compile's CPU backend emits
     for a frozen linear). On the AMD EPYC VM it ran 2-3x ``F.linear`` in fp32 at 8-256 tokens (DESIGN.md).
+and, for quantized weights (``engine.models.quant``), ``w8a8``, ``w8a16`` and ``w4a16``.
 Which one is faster depends on the CPU, the shape and the number of tokens M, so ``engine.models.gemm_choice``
 times them on the machine and binds a :class:`LinearKernel` to every projection.
 """
@@ -17,12 +18,14 @@ from functools import cache
 import torch
 import torch.nn.functional as F
 
+from engine.models import quant
+
 
 @dataclass(frozen=True, slots=True)
 class GemmPath:
     name: str
-    pack: Callable[[torch.Tensor], torch.Tensor]  # weight [out, in] -> the operand ``run`` multiplies by
-    run: Callable[[torch.Tensor, torch.Tensor, torch.Tensor | None], torch.Tensor]  # (x [M, in], operand, bias)
+    pack: Callable  # weight [out, in] (a tensor, or a quant.QuantizedWeight) -> the operand ``run`` multiplies by
+    run: Callable  # (x [M, in], operand, bias [out] or None) -> [M, out] in x's dtype
 
 
 def _onednn_pack(weight: torch.Tensor) -> torch.Tensor:  # [out, in] -> oneDNN's blocked layout (opaque)
@@ -36,13 +39,18 @@ def _onednn_run(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None
 PATHS = {
     "torch": GemmPath("torch", lambda weight: weight, F.linear),
     "onednn": GemmPath("onednn", _onednn_pack, _onednn_run),
+    "w8a8": GemmPath("w8a8", quant.w8a8_pack, quant.w8a8_run),
+    "w8a16": GemmPath("w8a16", quant.w8a16_pack, quant.w8a16_run),
+    "w4a16": GemmPath("w4a16", quant.w4a16_pack, quant.w4a16_run),
 }
 
 
 @cache
-def available_paths(device_type: str, dtype: torch.dtype) -> tuple[str, ...]:
-    """The paths that run ``dtype`` GEMMs on this device: ``torch`` always, ``onednn`` on CPUs where this torch
-    build has it for ``dtype``."""
+def available_paths(device_type: str, dtype: torch.dtype, fmt: str = "dense") -> tuple[str, ...]:
+    """The paths that run ``dtype`` GEMMs on this device for weights of format ``fmt`` (``quant.weight_format``):
+    for dense ones ``torch`` always, ``onednn`` on CPUs where this torch build has it for ``dtype``."""
+    if fmt != "dense":
+        return quant.quantized_paths(device_type, dtype, fmt)
     if device_type != "cpu":
         return ("torch",)
     return ("torch", "onednn") if _onednn_works(dtype) else ("torch",)

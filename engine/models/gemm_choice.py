@@ -1,16 +1,18 @@
 """Which GEMM path each projection of the model runs at each band of token counts: measured once per machine at
 start-up, cached on disk, bound to every ``Projection``.
 
-Each distinct projection (q|k|v, o, gate|up, down, the vocabulary) is timed on every available path
-(``engine.models.gemm``) at M = 1, 2, 4, ... up to the most rows a step gives it (``max_num_batched_tokens``; for
-the vocabulary ``max_num_seqs``, as it only sees the sampled rows). The calls cycle through that projection's
-weights in every layer, so small M mostly reads them from memory as a step does, not from a warm cache. Band
-``(M/2, M]`` takes the fastest path at M, unless the path that wins most bands for the shape is within
-``_MARGIN`` there: a second path for a shape costs a second copy of its weights.
+Each distinct projection (q|k|v, o, gate|up, down, the vocabulary) is timed on every path its weights' format has
+(``engine.models.gemm``: float weights on ``torch``/``onednn``, int8 ones on ``w8a8``/``w8a16``) at M = 1, 2, 4,
+... up to the most rows a step gives it (``max_num_batched_tokens``; for the vocabulary ``max_num_seqs``, as it
+only sees the sampled rows). The calls cycle through that projection's weights in every layer, so small M mostly
+reads them from memory as a step does, not from a warm cache. Band ``(M/2, M]`` takes the fastest path at M,
+unless the path that wins most bands for the shape is within ``_MARGIN`` there: a second path for a shape costs a
+second copy of its weights.
 
 The choice is cached in ``$ENGINE_GEMM_CACHE_DIR`` (default ``~/.cache/lora-platform/gemm``) under a key made of
 the CPU model and its GEMM-relevant flags, the torch version, the thread count, the dtype, the paths and the
-shapes, so a restart reads it instead of timing again; a choice timed on a busy machine is not cached.
+shapes with their weight formats, so a restart reads it instead of timing again; a choice timed on a busy machine
+is not cached.
 """
 
 import hashlib
@@ -28,10 +30,11 @@ import torch
 from engine.cpu_info import cpu_info
 from engine.models.gemm import PATHS, LinearKernel, available_paths
 from engine.models.linear import Projection
+from engine.models.quant import weight_format
 
 logger = logging.getLogger(__name__)
 
-_FORMAT = 1  # of the cache files: a new format never reads an old file as its own
+_FORMAT = 2  # of the cache files: a new format never reads an old file as its own
 _MARGIN = 0.10
 # Rounds of calls per token count: at least _MIN_ROUNDS, more while they add up to less than _BUDGET_S seconds
 # (small M is cheap and noisy).
@@ -49,12 +52,17 @@ class GemmGroup:
     name: str  # "q_proj+k_proj+v_proj", ..., "lm_head"
     projections: list[Projection]
     max_tokens: int  # the most rows a step gives it
+    paths: tuple[str, ...] = ()  # the GEMM paths its weights' format has here (set by choose_gemm)
+
+    @property
+    def weight_format(self) -> str:
+        return weight_format(self.projections[0].gemm_weight)
 
     @property
     def shape(self) -> list:
         first = self.projections[0]
         return [self.name, first.out_features, first.in_features, first.bias is not None, len(self.projections),
-                self.max_tokens]
+                self.max_tokens, self.weight_format]
 
     def token_counts(self) -> list[int]:
         """M = 1, 2, 4, ... below ``max_tokens``, then ``max_tokens``."""
@@ -73,6 +81,7 @@ class GemmChoice:
     gflops: dict[str, dict[str, list]] = field(default_factory=dict)  # group -> {"tokens": [M...], path: [...]}
     seconds: float = 0.0  # spent timing
     cache_file: str | None = None
+    weights: dict[str, str] = field(default_factory=dict)  # group name -> weight format ("dense", "int8", "int4")
 
     def describe(self) -> str:
         return "; ".join(f"{name} " + ", ".join(f"{path} M<={limit}" for limit, path in bands)
@@ -80,7 +89,7 @@ class GemmChoice:
 
     def stats(self) -> dict:
         return {"dtype": str(self.dtype).removeprefix("torch."), "mode": self.mode, "source": self.source,
-                "tuning_seconds": round(self.seconds, 2), "cache_file": self.cache_file,
+                "tuning_seconds": round(self.seconds, 2), "cache_file": self.cache_file, "weights": self.weights,
                 "bands": {name: [{"max_tokens": limit, "path": path} for limit, path in bands]
                           for name, bands in self.bands.items()},
                 "gflops": self.gflops}
@@ -88,18 +97,30 @@ class GemmChoice:
 
 def choose_gemm(model, *, mode: str, dtype: torch.dtype, device: torch.device, max_num_batched_tokens: int,
                 max_num_seqs: int) -> GemmChoice:
-    """Pick every projection's GEMM path (a fixed one, the cached choice, or measured now) and bind it."""
+    """Pick every projection's GEMM path (a fixed one, the cached choice, or measured now) and bind it.
+
+    ``mode`` fixes the path of float weights; quantized ones choose among their own paths (``quant``)."""
     groups = gemm_groups(model, max_num_batched_tokens, min(max_num_seqs, max_num_batched_tokens))
-    paths = available_paths(device.type, dtype)
-    packed: dict[str, dict[str, list[torch.Tensor]]] = {}
-    if mode != "auto" or len(paths) == 1:
-        path = paths[0] if mode == "auto" else mode
-        if path not in paths:
-            raise ValueError(f"gemm={mode!r}: that path does not run {dtype} on {device.type} here "
-                             f"(available: {', '.join(paths)})")
-        choice = GemmChoice(dtype, mode, "fixed", {g.name: [(g.max_tokens, path)] for g in groups})
+    dense = available_paths(device.type, dtype)
+    if mode != "auto" and mode not in dense:
+        raise ValueError(f"gemm={mode!r}: that path does not run {dtype} on {device.type} here "
+                         f"(available: {', '.join(dense)})")
+    fixed, timed = {}, []
+    for group in groups:
+        group.paths = available_paths(device.type, dtype, group.weight_format)
+        if mode != "auto" and group.weight_format == "dense":
+            fixed[group.name] = [(group.max_tokens, mode)]
+        elif len(group.paths) == 1:
+            fixed[group.name] = [(group.max_tokens, group.paths[0])]
+        else:
+            timed.append(group)
+    packed: dict[str, dict[str, list]] = {}
+    if timed:
+        choice, packed = _cached_or_measured(timed, dtype)
+        choice.mode, choice.bands = mode, {g.name: fixed.get(g.name) or choice.bands[g.name] for g in groups}
     else:
-        choice, packed = _cached_or_measured(groups, dtype, paths)
+        choice = GemmChoice(dtype, mode, "fixed", fixed)
+    choice.weights = {group.name: group.weight_format for group in groups}
     _bind(groups, choice, packed)
     detail = f" in {choice.seconds:.1f}s" if choice.source == "measured" else ""
     logger.info("GEMM paths for %s (%s%s): %s", str(dtype).removeprefix("torch."), choice.source, detail,
@@ -117,17 +138,17 @@ def gemm_groups(model, max_tokens: int, max_sampled: int) -> list[GemmGroup]:
     return [*groups.values(), GemmGroup("lm_head", [model.lm_head], max_sampled)]
 
 
-def _cached_or_measured(groups: list[GemmGroup], dtype: torch.dtype, paths: tuple[str, ...]):
-    key = _cache_key(groups, dtype, paths)
+def _cached_or_measured(groups: list[GemmGroup], dtype: torch.dtype):
+    key = _cache_key(groups, dtype)
     path = cache_dir() / f"gemm-{hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]}.json"
-    entry = _read_cache(path, key, groups, paths)
+    entry = _read_cache(path, key, groups)
     if entry is not None:
         bands = {name: [tuple(band) for band in value] for name, value in entry["bands"].items()}
         return GemmChoice(dtype, "auto", "cache", bands, entry["gflops"], entry["seconds"], str(path)), {}
     start, cpu_start = time.perf_counter(), time.process_time()
     gflops, packed = {}, {}
     for group in groups:
-        gflops[group.name], packed[group.name] = _time_group(group, dtype, paths)
+        gflops[group.name], packed[group.name] = _time_group(group, dtype)
     bands = {name: _pick(table) for name, table in gflops.items()}
     seconds = time.perf_counter() - start
     choice = GemmChoice(dtype, "auto", "measured", bands, gflops, seconds, str(path))
@@ -142,11 +163,11 @@ def _cached_or_measured(groups: list[GemmGroup], dtype: torch.dtype, paths: tupl
 
 
 @torch.inference_mode()
-def _time_group(group: GemmGroup, dtype: torch.dtype, paths: tuple[str, ...]):
+def _time_group(group: GemmGroup, dtype: torch.dtype):
     """GFLOP/s of each path at each token count, and each path's operands (a packed copy of every weight)."""
-    first = group.projections[0]
+    first, paths = group.projections[0], group.paths
     biases = [p.bias for p in group.projections]
-    operands = {name: [PATHS[name].pack(p.weight) for p in group.projections] for name in paths}
+    operands = {name: [PATHS[name].pack(p.gemm_weight) for p in group.projections] for name in paths}
     generator = torch.Generator().manual_seed(0)  # the global generator is the caller's
     table: dict[str, list] = {"tokens": group.token_counts(), **{name: [] for name in paths}}
     for m in table["tokens"]:
@@ -198,7 +219,7 @@ def _bind(groups: list[GemmGroup], choice: GemmChoice, packed: dict) -> None:
         used = {path for _, path in bands} & measured.keys()
         for i, projection in enumerate(group.projections):
             operands = {path: measured[path][i] for path in used}
-            projection.use_kernel(LinearKernel(projection.weight, projection.bias, bands, operands))
+            projection.use_kernel(LinearKernel(projection.gemm_weight, projection.bias, bands, operands))
 
 
 # ---- the cache on disk
@@ -209,14 +230,15 @@ def cache_dir() -> Path:
     return Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "lora-platform" / "gemm"
 
 
-def _cache_key(groups: list[GemmGroup], dtype: torch.dtype, paths: tuple[str, ...]) -> dict:
+def _cache_key(groups: list[GemmGroup], dtype: torch.dtype) -> dict:
     info = cpu_info()
+    paths = sorted({path for group in groups for path in group.paths})
     return {"format": _FORMAT, "cpu": info.model_name, "flags": info.gemm_flags, "torch": torch.__version__,
-            "threads": torch.get_num_threads(), "dtype": str(dtype).removeprefix("torch."), "paths": list(paths),
+            "threads": torch.get_num_threads(), "dtype": str(dtype).removeprefix("torch."), "paths": paths,
             "shapes": [group.shape for group in groups]}
 
 
-def _read_cache(path: Path, key: dict, groups: list[GemmGroup], paths: tuple[str, ...]) -> dict | None:
+def _read_cache(path: Path, key: dict, groups: list[GemmGroup]) -> dict | None:
     try:
         entry = json.loads(path.read_text())
     except FileNotFoundError:
@@ -224,18 +246,18 @@ def _read_cache(path: Path, key: dict, groups: list[GemmGroup], paths: tuple[str
     except (OSError, ValueError) as exc:
         logger.warning("GEMM cache %s is unreadable (%s): timing again", path, exc)
         return None
-    if not _is_valid_entry(entry, key, {group.name for group in groups}, paths):
+    if not _is_valid_entry(entry, key, {group.name: group.paths for group in groups}):
         logger.warning("GEMM cache %s does not match this model and machine: timing again", path)
         return None
     return entry
 
 
-def _is_valid_entry(entry, key: dict, names: set[str], paths: tuple[str, ...]) -> bool:
+def _is_valid_entry(entry, key: dict, paths: dict[str, tuple[str, ...]]) -> bool:
     if not isinstance(entry, dict) or entry.get("key") != key or not isinstance(entry.get("gflops"), dict):
         return False
     bands = entry.get("bands")
-    return isinstance(bands, dict) and set(bands) == names and all(
-        value and all(len(band) == 2 and band[1] in paths for band in value) for value in bands.values())
+    return isinstance(bands, dict) and set(bands) == set(paths) and all(
+        value and all(len(band) == 2 and band[1] in paths[name] for band in value) for name, value in bands.items())
 
 
 def _write_cache(path: Path, entry: dict) -> None:

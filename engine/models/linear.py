@@ -11,6 +11,7 @@ from torch import nn
 import kernels
 from engine.batch_metadata import BatchMetadata
 from engine.models.gemm import LinearKernel
+from engine.models.quant import QuantizedWeight
 
 
 @dataclass(frozen=True, slots=True)
@@ -46,7 +47,8 @@ class Projection(nn.Module):
     expand through ``kernels`` for the whole fused projection.
 
     The base GEMM is ``F.linear`` until :meth:`use_kernel` binds the path chosen for this machine
-    (``engine.models.gemm_choice``). An empty ``prefix`` names the slices alone (``lm_head``).
+    (``engine.models.gemm_choice``). A quantized projection (:meth:`quantize`) keeps only its
+    ``quant.QuantizedWeight`` and always has a kernel. An empty ``prefix`` names the slices alone (``lm_head``).
     """
 
     def __init__(self, prefix: str, in_features: int, slices: Sequence[tuple[str, int]], bias: bool,
@@ -68,6 +70,19 @@ class Projection(nn.Module):
         self.bias = nn.Parameter(torch.empty(offset), requires_grad=False) if bias else None  # [out]
         self.lora: LoRAWeights | None = None
         self.kernel: LinearKernel | None = None
+        self.quantized: QuantizedWeight | None = None
+
+    @property
+    def gemm_weight(self):
+        """What the GEMM paths pack: the quantized weight if there is one, else the plain one."""
+        return self.quantized if self.quantized is not None else self.weight
+
+    def quantize(self, weight: QuantizedWeight) -> None:
+        """Hold ``weight`` instead of the float one (let go); a kernel must be bound before the next forward."""
+        if weight.shape != (self.out_features, self.in_features):
+            raise ValueError(f"{self.prefix}: quantized weight {weight.shape} is not "
+                             f"[{self.out_features}, {self.in_features}]")
+        self.quantized, self.weight, self.kernel = weight, None, None
 
     @property
     def module_names(self) -> tuple[str, ...]:
@@ -106,4 +121,5 @@ class Projection(nn.Module):
 
     def extra_repr(self) -> str:
         pieces = ", ".join(f"{p.name}={p.size}" for p in self.output_slices)
-        return f"{self.prefix}: in={self.in_features}, out=[{pieces}], bias={self.bias is not None}"
+        fmt = "" if self.quantized is None else f", weight={type(self.quantized).__name__}"
+        return f"{self.prefix}: in={self.in_features}, out=[{pieces}], bias={self.bias is not None}{fmt}"

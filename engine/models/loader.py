@@ -1,4 +1,5 @@
-"""Build a model from an HF folder: config from ``config.json``, weights by name from its safetensors files."""
+"""Build a model from an HF folder: config from ``config.json``, weights by name from its safetensors files, or
+from the GGUF file a prepared GGUF folder links (``engine.models.gguf_file``)."""
 
 import json
 from pathlib import Path
@@ -7,7 +8,10 @@ import torch
 from safetensors import safe_open
 
 from engine.config import ModelConfig
+from engine.models.gguf_file import GGUF_FILE, load_gguf_weights
+from engine.models.linear import Projection
 from engine.models.llama import LlamaForCausalLM
+from engine.models.quant import quantize_int8
 
 # Buffers some checkpoints carry that the engine recomputes itself.
 _IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)
@@ -25,16 +29,35 @@ def safetensors_files(folder: Path) -> list[Path]:
 
 
 def load_model(
-    folder: Path, config: ModelConfig, *, dtype: torch.dtype, device: torch.device, max_positions: int
+    folder: Path, config: ModelConfig, *, dtype: torch.dtype, device: torch.device, max_positions: int,
+    quantization: str | None = None,
 ) -> LlamaForCausalLM:
-    """A ready-to-run model on ``device`` in ``dtype``; every parameter must come from the checkpoint."""
+    """A ready-to-run model on ``device`` in ``dtype``; every parameter must come from the checkpoint.
+
+    ``quantization="int8"``: every decoder projection's weight is quantized per output channel from the
+    checkpoint's values (not from their ``dtype`` rounding); embeddings, norms and the vocabulary projection stay
+    in ``dtype``. A GGUF folder's quantized tensors stay quantized whatever ``quantization`` says."""
+    folder = Path(folder)
     with torch.device(device):
         model = LlamaForCausalLM(config, max_positions)
-    model.to(dtype)
+    if (folder / GGUF_FILE).exists():
+        model.to(dtype)
+        load_gguf_weights(folder / GGUF_FILE, model, config, quantize_float=quantization == "int8")
+        return model.eval()
+    model.to(torch.float32 if quantization == "int8" else dtype)  # int8 is made from the checkpoint's own values
+    _load_safetensors(folder, config, model)
+    if quantization == "int8":
+        for projection in model.layers.modules():
+            if isinstance(projection, Projection):
+                projection.quantize(quantize_int8(projection.weight))
+    return model.to(dtype).eval()
+
+
+def _load_safetensors(folder: Path, config: ModelConfig, model: LlamaForCausalLM) -> None:
     names = model.hf_names()
     loaded: set[str] = set()
     unexpected: list[str] = []
-    for path in safetensors_files(Path(folder)):
+    for path in safetensors_files(folder):
         with safe_open(str(path), framework="pt", device="cpu") as tensors:
             for name in tensors.keys():
                 if name.endswith(_IGNORED_SUFFIXES) or (config.tie_word_embeddings and name == "lm_head.weight"):
@@ -51,7 +74,6 @@ def load_model(
             f"missing {missing[:5]}{'...' if len(missing) > 5 else ''}, "
             f"unexpected {unexpected[:5]}{'...' if len(unexpected) > 5 else ''}"
         )
-    return model.eval()
 
 
 def _copy_into(name: str, tensor: torch.Tensor, param: torch.nn.Parameter, offset: int, rows: int) -> None:

