@@ -5,7 +5,8 @@ peer measured in the same run and its target.
 ``bench/results/summary.png`` (each ratio against its target) and prints the table, which the README's
 "Benchmarks" section copies. A benchmark with no result yet is listed as not run. The peers section (``python -m
 bench.peers``) follows: each ratio beside the two runs of the same file it came from, then every run, failed ones
-with their reason.
+with their reason. The structured-outputs section (``python -m bench.structured``) comes last: this engine's
+constrained steps against its free ones per backend and batch size, beside vLLM's structured outputs in the same run.
 """
 
 import json
@@ -81,6 +82,74 @@ def gateway_rows(report: dict) -> list[tuple]:
     ]
 
 
+def structured_rows(report: dict) -> list[tuple]:
+    """One row per backend: this engine's step overhead at the largest batch, against its unconstrained steps."""
+    rows = []
+    for backend in report["backends"]:
+        engine = report["summary"]["systems"].get(f"engine-{backend}") or []
+        if not engine or (steps := engine[-1].get("steps") or {}).get("overhead") is None:
+            continue
+        rows.append((f"Constrained step at batch {engine[-1]['batch']} ({backend})",
+                     f"{steps['constrained_step_ms']:.1f} ms", f"unconstrained: {steps['free_step_ms']:.1f} ms",
+                     f"{steps['overhead']:+.1%}", "<= 10%", f"mask {steps['mask_share']:.1%} of the step; every "
+                     "sequence under a JSON schema"))
+    return rows
+
+
+def _pair(row: dict | None) -> str:
+    if row is None:
+        return "not run"
+    c, f = row["constrained"]["tok_s"], row["free"]["tok_s"]
+    return f"{c:.1f} / {f:.1f}" if c and f else "n/a"
+
+
+def structured_table(item: tuple[Path, dict] | None) -> list[str]:
+    """The structured-outputs section: per backend and batch size this engine's step overhead and mask share,
+    both systems' tok/s constrained and free, engine / vLLM, validity; then the cold compiles and any failures."""
+    lines = ["", "## Structured outputs", ""]
+    if item is None:
+        return lines + ["`python -m bench.structured`: not run."]
+    path, report = item
+    m, s, summary = report["machine"], report["settings"], report["summary"]
+    lines += [f"From `{path.name}`{' (quick)' if report.get('quick') else ''}: {m['cores']} cores of {m['cpu']}, "
+              f"load average {m['load_avg_start'][0]:.1f} at the start; {report['dtype']}; "
+              f"{len(report['suite'])} schemas cycled, greedy, max_tokens {s['max_tokens']}; free runs repeat each "
+              "request's constrained length. Overhead: mean step time at the full batch, constrained / free - 1; whole "
+              "runs: their wall and CPU time, constrained / free - 1.", "",
+              "| Backend | Batch | Engine step free -> constrained | Overhead | Mask a step, share (fill + apply) | "
+              "Engine run, wall / CPU | Engine tok/s constrained / free | vLLM tok/s constrained / free | "
+              "Engine / vLLM constrained | Valid engine / vLLM |", "|---|---|---|---|---|---|---|---|---|---|"]
+    for backend in report["backends"]:
+        engine = summary["systems"].get(f"engine-{backend}") or []
+        peer = {r["batch"]: r for r in summary["systems"].get(f"vllm-{backend}") or []}
+        ratio = {r["batch"]: r["constrained"] for r in summary.get("ratios", {}).get(backend, [])}
+        for row in engine:
+            st, vp = row.get("steps") or {}, peer.get(row["batch"])
+            step = "n/a" if st.get("overhead") is None else \
+                f"{st['free_step_ms']:.1f} -> {st['constrained_step_ms']:.1f} ms"
+            overhead = "n/a" if st.get("overhead") is None else f"{st['overhead']:+.1%}" + (
+                f" (target <= 10%: {'met' if st['overhead'] <= 0.10 else 'not met'})" if row["batch"] == 64 else "")
+            mask = "n/a" if st.get("overhead") is None else (f"{st['mask_ms_per_step']:.1f} ms, {st['mask_share']:.1%} "
+                                                             f"({st['fill_share']:.1%} + {st['apply_share']:.1%})")
+            valid = f"{row['validity']['valid']}/{row['validity']['outputs']}" + (
+                f" / {vp['validity']['valid']}/{vp['validity']['outputs']}" if vp else "")
+            r, whole = ratio.get(row["batch"]), " / ".join(
+                "n/a" if row.get(k) is None else f"{row[k]:+.0%}" for k in ("wall_overhead", "cpu_overhead"))
+            lines.append(f"| {backend} | {row['batch']} | {step} | {overhead} | {mask} | {whole} | {_pair(row)} | "
+                         f"{_pair(vp)} | {'n/a' if r is None else f'{r:.2f}'} | {valid} |")
+    compiles = "; ".join(f"{b} p50 {c['p50_ms']:.1f} ms, p99 {c['p99_ms']:.1f} ms ({c['compiles']} compiles"
+                         + (f", {c['refused']} refused" if c["refused"] else "") + ")"
+                         for b, c in summary["compile"].items() if c["compiles"])
+    lines += ["", f"Grammar compile, cold (a fresh backend and cache), over the suite: {compiles or 'not run'}."]
+    for key, run in report["runs"].items():
+        if not run.get("ok"):
+            reason = run.get("reason") or "?"
+            lines.append(f"\n{key}: FAILED: {reason[:300].replace('|', '/')}")
+        if run.get("refused"):
+            lines.append(f"\n{key} refused {len(run['refused'])} of the suite's schemas (left out of its runs).")
+    return lines
+
+
 def _interval(block: dict) -> str:
     interval = block.get("throughput_loss_interval_95")  # absent from results before it was measured
     return "" if interval is None else f"; loss 95% interval {interval[0]:.0%} to {interval[1]:.0%}"
@@ -89,7 +158,8 @@ def _interval(block: dict) -> str:
 BENCHMARKS = [("throughput", "python -m bench.throughput", throughput_rows),
               ("multi-lora", "python -m bench.multi_lora", multi_lora_rows),
               ("serve", "python -m bench.serve", serve_rows),
-              ("gateway", "python -m bench.gateway", gateway_rows)]
+              ("gateway", "python -m bench.gateway", gateway_rows),
+              ("structured", "python -m bench.structured", structured_rows)]
 
 
 def _figure(value: float | None, measure: str) -> str:
@@ -175,6 +245,7 @@ def build(found: dict[str, tuple[Path, dict] | None]) -> str:
         lines.extend("| " + " | ".join(row) + " |" for row in rows(report))
     lines += ["", "Sources: " + ", ".join(sources) if sources else "No results yet: run `make bench`."]
     lines += peers_table(found.get("peers"))
+    lines += structured_table(found.get("structured"))
     return "\n".join(lines) + "\n"
 
 
@@ -195,6 +266,13 @@ def ratios_against_targets(found: dict[str, tuple[Path, dict] | None]) -> list[t
         out.append(("server / offline", report["saturation_vs_offline"], report["target"], True))
     if report := reports.get("gateway"):
         out.append(("gateway tok/s / direct", 1 - report["blocks"]["throughput_c16"]["throughput_loss"], 0.9, True))
+    if report := reports.get("structured"):
+        for backend in report["backends"]:
+            engine = report["summary"]["systems"].get(f"engine-{backend}") or []
+            overhead = (engine[-1].get("steps") or {}).get("overhead") if engine else None
+            if overhead is not None:
+                out.append((f"constrained / free step, batch {engine[-1]['batch']} ({backend})", 1 + overhead, 1.10,
+                            False))
     if report := reports.get("peers"):
         out += [(r.get("short") or f"{r['workload']} {r['dtype']}: vs {r['peer_run']}", r["ratio"], r["target"],
                  r["higher_is_better"]) for r in report["summary"]["ratios"]
