@@ -5,7 +5,8 @@ Paths, each in the model's dtype with fp32 accumulation:
   * ``onednn``: oneDNN's inner product on a weight reordered once into its blocked layout
     (``torch.ops.mkldnn._reorder_linear_weight`` + ``_linear_pointwise``, what torch.compile's CPU backend emits
     for a frozen linear). On the AMD EPYC VM it ran 2-3x ``F.linear`` in fp32 at 8-256 tokens (DESIGN.md).
-and, for quantized weights (``engine.models.quant``), ``w8a8``, ``w8a16`` and ``w4a16``.
+and, for quantized weights (``engine.models.quant``), ``w8a8``, ``w8a16`` and ``w4a16``, and ``dequantized`` (the
+quantized values as a dense oneDNN weight, for the bands where a step's many tokens make the GEMM compute-bound).
 Which one is faster depends on the CPU, the shape and the number of tokens M, so ``engine.models.gemm_choice``
 times them on the machine and binds a :class:`LinearKernel` to every projection.
 """
@@ -36,12 +37,27 @@ def _onednn_run(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None
     return torch.ops.mkldnn._linear_pointwise(x, packed, bias, "none", [], "")  # [M, out]
 
 
+def _dequantized_pack(weight) -> dict:  # a quant.Int8Weight/Int4Weight; its dense copy is made on first use
+    return {"weight": weight, "by_dtype": {}}
+
+
+def _dequantized_run(x: torch.Tensor, operand: dict, bias: torch.Tensor | None) -> torch.Tensor:
+    packed = operand["by_dtype"].get(x.dtype)
+    if packed is None:
+        packed = operand["by_dtype"][x.dtype] = _onednn_pack(operand["weight"].dequantize().to(x.dtype))
+    return _onednn_run(x, packed, bias)
+
+
 PATHS = {
     "torch": GemmPath("torch", lambda weight: weight, F.linear),
     "onednn": GemmPath("onednn", _onednn_pack, _onednn_run),
     "w8a8": GemmPath("w8a8", quant.w8a8_pack, quant.w8a8_run),
     "w8a16": GemmPath("w8a16", quant.w8a16_pack, quant.w8a16_run),
     "w4a16": GemmPath("w4a16", quant.w4a16_pack, quant.w4a16_run),
+    # the quantized weight's values in the activations' dtype, on oneDNN: the same numbers as the weight-only
+    # kernels (int8 or int4 weights), at dense speed where many tokens make a step compute-bound; a band that
+    # takes it holds a dense copy beside the quantized one
+    "dequantized": GemmPath("dequantized", _dequantized_pack, _dequantized_run),
 }
 
 
@@ -50,7 +66,8 @@ def available_paths(device_type: str, dtype: torch.dtype, fmt: str = "dense") ->
     """The paths that run ``dtype`` GEMMs on this device for weights of format ``fmt`` (``quant.weight_format``):
     for dense ones ``torch`` always, ``onednn`` on CPUs where this torch build has it for ``dtype``."""
     if fmt != "dense":
-        return quant.quantized_paths(device_type, dtype, fmt)
+        dense = ("dequantized",) if device_type == "cpu" and _onednn_works(dtype) else ()
+        return quant.quantized_paths(device_type, dtype, fmt) + dense
     if device_type != "cpu":
         return ("torch",)
     return ("torch", "onednn") if _onednn_works(dtype) else ("torch",)

@@ -47,15 +47,22 @@ def test_int8_paths_compute_f_linear_of_the_dequantized_weight(dtype, out_featur
     q = quantize_int8(weight)
     bias = torch.randn(out_features, generator=g).to(dtype)
     reference = q.dequantize()
-    assert available_paths("cpu", dtype, "int8") == ("w8a16",)  # w8a8 misses the quality gates (quant.py)
-    for path in ("w8a16", "w8a8"):
+    # w8a8 misses the quality gates (quant.py); dequantized: the same values as a dense oneDNN weight
+    assert available_paths("cpu", dtype, "int8") == ("w8a16", "dequantized")
+    for path in ("w8a16", "w8a8", "dequantized"):
         kernel = LinearKernel(q, bias, [(1, path)])
         for m in (1, 7, 64, 300):
             x = torch.randn(m, in_features, generator=g).to(dtype)  # [M, in]
             expected = F.linear(x.float(), reference, bias.float())
             got = kernel(x)
             assert got.dtype == dtype and got.shape == (m, out_features)
-            if path == "w8a16":  # the kernel takes its activations and scales in bf16: the reference too
+            if path == "dequantized":  # the dequantized values in x's dtype, products summed by oneDNN
+                dense = reference.to(dtype).float()
+                expected = F.linear(x.float(), dense, bias.float())
+                tolerance = (1e-4, 1e-4) if dtype == torch.float32 else (2**-7, 3e-2)
+                torch.testing.assert_close(got.float(), expected, rtol=tolerance[0], atol=tolerance[1],
+                                           msg=f"{path} M={m}")
+            elif path == "w8a16":  # the kernel takes its activations and scales in bf16: the reference too
                 rounded = q.qweight.float() * q.scales.bfloat16().float()[:, None]
                 expected = F.linear(x.bfloat16().float(), rounded, bias.float())
                 torch.testing.assert_close(got.float(), expected, rtol=2**-7, atol=1e-2, msg=f"{path} M={m}")
@@ -116,8 +123,8 @@ def test_an_int8_engine_quantizes_every_decoder_projection_and_generates_like_fp
     stats = int8.llm_engine.stats()["gemm"]
     assert stats["weights"] == {"q_proj+k_proj+v_proj": "int8", "o_proj": "int8", "gate_proj+up_proj": "int8",
                                 "down_proj": "int8", "lm_head": "dense"}
-    assert all(band["path"] == "w8a16" for name, bands in stats["bands"].items() if name != "lm_head"
-               for band in bands)
+    assert all(band["path"] in ("w8a16", "dequantized") for name, bands in stats["bands"].items()
+               if name != "lm_head" for band in bands)  # the int8 values, by the weight-only kernel or densely
     model = int8.llm_engine.model_runner.model
     assert all(p.weight is None and p.quantized is not None for p in model.layers.modules()
                if isinstance(p, Projection))
