@@ -10,7 +10,8 @@ One server (``python -m engine serve``, a child process, ``--max-num-seqs`` seat
      here two fixed strings): the light tenant's TTFT against step 2 (target: p99 within 1.5x), the service each
      tenant got (weighted tokens, as the engine counts them, from ``/stats``), total output tok/s;
   4. the same arrivals without keys (first come, first served): what fairness changed.
-Every request has a 64-128 token prompt of random ids and 32 greedy output tokens (EOS ignored). The load client
+Every request has a 64-128 token prompt of random ids (fresh ids each run, so no run reads another's prefix cache)
+and 32 greedy output tokens (EOS ignored). The load client
 shares the two cores with the server: the figures compare with each other, not with another run's.
 Results: ``bench/results/fairness-<time>.json``; the last lines printed are the ratios.
 """
@@ -140,14 +141,21 @@ def main(argv: list[str] | None = None) -> int:
         asyncio.run(capacity(url, [prompt(rng) for _ in range(4)]))  # warm-up
         cap = asyncio.run(capacity(url, [prompt(rng) for _ in range(4 * args.max_num_seqs)]))
         light_rate = 1.5 * cap / 11
-        light = [(t, LIGHT, prompt(rng)) for t in arrivals(light_rate, seconds, seed=1)]
-        heavy = [(t, HEAVY, prompt(rng)) for t in arrivals(10 * light_rate, seconds, seed=2)]
-        both = sorted(light + heavy, key=lambda item: item[0])
+        light_times, heavy_times = arrivals(light_rate, seconds, seed=1), arrivals(10 * light_rate, seconds, seed=2)
+
+        def plan(seed: int, with_heavy: bool = True) -> list:
+            """The same arrivals each run, fresh prompts: no run reads another's prefix cache."""
+            fresh = random.Random(seed)
+            plan = [(t, LIGHT, prompt(fresh)) for t in light_times]
+            if with_heavy:
+                plan += [(t, HEAVY, prompt(fresh)) for t in heavy_times]
+            return sorted(plan, key=lambda item: item[0])
+
         print(f"capacity {cap:.2f} req/s; light {light_rate:.2f} req/s, heavy {10 * light_rate:.2f} req/s, "
               f"{seconds:.0f} s", flush=True)
-        alone = asyncio.run(run(url, light, keyed=True))
-        fair = asyncio.run(run(url, both, keyed=True))
-        fcfs = asyncio.run(run(url, both, keyed=False))
+        alone = asyncio.run(run(url, plan(10, with_heavy=False), keyed=True))
+        fcfs = asyncio.run(run(url, plan(11), keyed=False))
+        fair = asyncio.run(run(url, plan(12), keyed=True))
     finally:
         server.terminate()
         server.wait(timeout=60)

@@ -14,11 +14,13 @@ A key that was idle (nothing waiting or running) rejoins at ``max(its counter, t
 idling banks no credit. When nobody is backlogged the floor is the greatest counter, so the next keys to arrive
 start even.
 
-Running sequences are preempted for fairness only past a stated imbalance: the least-served waiting key's counter
-is more than ``preempt_threshold`` weighted tokens below a running key's (or an ``interactive`` sequence waits
-behind ``batch`` ones), the batch has no seat or blocks for it, and the victim ran at least ``min_run_steps`` steps:
-one victim per step, the newest sequence of the most-served running key. A preempted sequence keeps its key's
-counter; its recompute is charged like any prefill.
+Running sequences are preempted for fairness only past a stated imbalance, when the batch has no seat or blocks
+for the least-served waiting key: its counter is more than ``preempt_threshold`` weighted tokens below a running
+key's, or it holds no seat at all while a key no less served holds two or more (a tenant arriving at a batch full
+of another's requests waits one step, not for a seat to free), or an ``interactive`` sequence waits behind
+``batch`` ones. The victim ran at least ``min_run_steps`` steps: one victim per step, the newest sequence of the
+most-served running key (the one holding most seats, for a seatless key). A preempted sequence keeps its key's
+counter; its recompute is charged like any prefill, and mostly hits its own blocks in the prefix cache.
 
 With no keys and one priority (every request unkeyed and ``interactive``), the inner policy's order is kept as is:
 today's behaviour. Keys are opaque strings; ``/stats`` shows their counters, never a tenant's name.
@@ -173,6 +175,10 @@ class FairAdmission:
         counters = self.vtc.counters
         best = min(candidates, key=lambda s: (s.fair_share.priority, counters.get(s.fair_share.key, 0.0)))
         best_priority, best_counter = best.fair_share.priority, counters.get(best.fair_share.key, 0.0)
+        seats: dict = {}
+        for seq in running:
+            seats[seq.fair_share.key] = seats.get(seq.fair_share.key, 0) + 1
+        seatless = best.fair_share.key not in seats
         victim, victim_rank = None, None
         for seq in running:  # arrival order: a later one of the same rank is newer
             share = seq.fair_share
@@ -181,10 +187,14 @@ class FairAdmission:
             if step - self._admitted_step.get(id(seq), step) < self.min_run_steps:
                 continue
             counter = counters.get(share.key, 0.0)
-            outranked = share.priority > best_priority
-            if not outranked and (share.priority < best_priority or counter - best_counter <= self.preempt_threshold):
+            if share.priority < best_priority:
                 continue
-            rank = (share.priority, counter)
+            outranked = share.priority > best_priority
+            behind = counter - best_counter > self.preempt_threshold
+            crowded = seatless and seats[share.key] >= 2 and counter >= best_counter
+            if not (outranked or behind or crowded):
+                continue
+            rank = (share.priority, counter, seats[share.key])
             if victim_rank is None or rank >= victim_rank:
                 victim, victim_rank = seq, rank
         if victim is not None:

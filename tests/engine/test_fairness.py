@@ -133,25 +133,43 @@ def test_work_conserving_an_idle_key_holds_no_seat_back():
 
 
 def test_preemption_only_past_the_threshold_and_after_the_minimum_run():
+    # two keys of one seat each: no seat imbalance, only the counters can justify a preemption
     scheduler = make_scheduler(max_num_seqs=2, max_tokens=64, preempt_threshold=100.0, min_run_steps=5)
-    hogs = [make_seq(8, "hog", max_output=1000) for _ in range(2)]
+    hogs = [make_seq(8, key, max_output=1000) for key in ("hog-a", "hog-b")]
     for seq in hogs:
         scheduler.add(seq)
     run(scheduler, 3)
     newcomer = make_seq(8, "new")
-    scheduler.add(newcomer)  # lifted to the hog's counter: no imbalance yet, no preemption
+    scheduler.add(newcomer)  # lifted to the least hog counter: no imbalance yet, no preemption
     run(scheduler, 10)
     assert scheduler.num_preemptions == 0 and newcomer.num_computed_tokens == 0
-    # The hog keeps being served (2 outputs a step at weight 2 each) while the newcomer's counter stands still:
-    # past the threshold of 100 the newest hog makes room, once.
+    # The hogs keep being served (an output a step at weight 2) while the newcomer's counter stands still: past
+    # the threshold of 100 the most served hog (the newer, on a tie) makes room, once.
     counters, gaps = scheduler.admission.vtc.counters, []
     while newcomer.num_computed_tokens == 0:
-        gaps.append(counters["hog"] - counters["new"])
+        gaps.append(max(counters["hog-a"], counters["hog-b"]) - counters["new"])
         run(scheduler, 1)
-        assert len(gaps) < 100, "the newcomer was never admitted"
+        assert len(gaps) < 200, "the newcomer was never admitted"
     assert gaps[-1] > 100 >= gaps[-2]  # admitted at the first step past the threshold
     assert scheduler.num_preemptions == 1 and scheduler.admission.num_fair_preemptions == 1
     assert hogs[1].num_preemptions == 1 and hogs[0].num_preemptions == 0
+
+
+def test_a_key_with_no_seat_gets_one_from_a_key_holding_several_after_their_minimum_run():
+    scheduler = make_scheduler(max_num_seqs=3, max_tokens=64, preempt_threshold=1e9, min_run_steps=4)
+    hogs = [make_seq(8, "hog", max_output=1000) for _ in range(3)]
+    for seq in hogs:
+        scheduler.add(seq)
+    run(scheduler, 2)
+    newcomer = make_seq(8, "new")
+    scheduler.add(newcomer)
+    run(scheduler, 1)
+    assert newcomer.num_computed_tokens == 0  # the hogs ran 3 steps, under their minimum of 4
+    run(scheduler, 2)
+    assert newcomer.num_computed_tokens > 0 and scheduler.admission.num_fair_preemptions == 1
+    assert [h.num_preemptions for h in hogs] == [0, 0, 1]  # the newest of the crowding key
+    run(scheduler, 20)  # the newcomer holds a seat now: no more preemptions for it
+    assert scheduler.admission.num_fair_preemptions == 1
 
 
 def test_a_preempted_sequence_is_not_preempted_again_before_it_ran_its_minimum():
