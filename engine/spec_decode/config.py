@@ -18,9 +18,10 @@ class SpeculativeConfig:
     suffix_decoding_max_tree_depth: int = 32
     suffix_decoding_min_token_prob: float = 0.1
     suffix_decoding_max_tree_nodes: int = 4_000_000  # over every scope's tree (about 120 bytes a node)
-    # No drafts in a step with more sequences running than this: at large batch a CPU step is compute-bound and
-    # verifying drafts costs more than it saves (bench.spec_decode measures where; this is its default).
-    max_batch_size: int = 8
+    # No drafts in a step with more sequences running than this: at a large enough batch a CPU step is compute-bound
+    # and verifying drafts costs more than it saves. bench.spec_decode measures where: on the Intel AMX VM drafts still
+    # paid 1.4-1.55x at 32 sequences (input-grounded prompts), the largest batch measured, so the cut is there.
+    max_batch_size: int = 32
     # A sequence whose acceptance (exponential average) falls under this drafts again only after a back-off.
     min_acceptance_rate: float = 0.25
 

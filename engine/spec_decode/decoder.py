@@ -6,7 +6,8 @@ compute). A sequence drafts only when exactness is cheap to keep: no repetition 
 draft is cut at the first token its grammar refuses (the matcher walks the draft and rolls back), and each of its
 rows is masked by the grammar's state after the draft's tokens before it (``verify.mask_drafts``). The draft never
 runs past ``max_tokens`` or the context. The step drafts nothing when more sequences run than
-``max_batch_size`` (at a large batch a CPU step is compute-bound: verifying costs more than it saves).
+``max_batch_size`` (at a large enough batch a CPU step is compute-bound: verifying costs more than it saves;
+``bench.spec_decode`` measures where).
 
 Adaptive per sequence: an exponential average of its acceptance; under ``min_acceptance_rate`` it stops drafting for
 a back-off that doubles each time (1, 2, 4 ... 64 steps), and tries again after it.
