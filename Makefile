@@ -67,6 +67,9 @@ bench: model
 	$(PY) -m bench.gateway --quick
 	$(PY) -m bench.peers --quick
 	$(PY) -m bench.structured --quick
+	$(PY) -m bench.spec_decode --quick
+	$(PY) -m bench.fairness --quick
+	$(PY) -m bench.replicas --quick
 	$(PY) -m bench.report
 
 clean-state:

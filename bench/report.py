@@ -7,12 +7,15 @@ peer measured in the same run and its target.
 bench.peers``) follows: each ratio beside the two runs of the same file it came from, then every run, failed ones
 with their reason. The structured-outputs section (``python -m bench.structured``) comes last: this engine's
 constrained steps against its free ones per backend and batch size, beside vLLM's structured outputs in the same run.
+The speculative-decoding section (``python -m bench.spec_decode``, rendered by ``bench.spec_decode_report``) ends it.
 """
 
 import json
 import os
 import platform
 from pathlib import Path
+
+from bench import spec_decode_report
 
 RESULTS = Path(__file__).resolve().parent / "results"
 
@@ -159,7 +162,8 @@ BENCHMARKS = [("throughput", "python -m bench.throughput", throughput_rows),
               ("multi-lora", "python -m bench.multi_lora", multi_lora_rows),
               ("serve", "python -m bench.serve", serve_rows),
               ("gateway", "python -m bench.gateway", gateway_rows),
-              ("structured", "python -m bench.structured", structured_rows)]
+              ("structured", "python -m bench.structured", structured_rows),
+              ("spec_decode", "python -m bench.spec_decode", spec_decode_report.rows)]
 
 
 def _figure(value: float | None, measure: str) -> str:
@@ -246,6 +250,7 @@ def build(found: dict[str, tuple[Path, dict] | None]) -> str:
     lines += ["", "Sources: " + ", ".join(sources) if sources else "No results yet: run `make bench`."]
     lines += peers_table(found.get("peers"))
     lines += structured_table(found.get("structured"))
+    lines += spec_decode_report.table(found.get("spec_decode"))
     return "\n".join(lines) + "\n"
 
 
