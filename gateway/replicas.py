@@ -9,7 +9,8 @@
   go to the least loaded of the set, so a cold adapter keeps one warm replica and a hot one uses several.
 * A replica that is down leaves every ranking until it is back, so its adapters go to their next-ranked replica
   (rendezvous hashing over the healthy ones: only its adapters move). When every replica of the set is
-  ``saturated`` (its waiting queue over half full), the request spills to the least-loaded healthy replica. Base-model requests (resident everywhere) always go to the least loaded.
+  ``saturated`` (its waiting queue over half full), the request spills to the least-loaded healthy replica.
+  Base-model requests (resident everywhere) always go to the least loaded.
 * Health and load come from ``GET /health`` and ``GET /stats``, re-read in the background when older than the
   TTL (a request never waits for them, but the very first). Between reads, the load estimate follows this
   process's own open requests; a replica that refuses a connection is marked down at once.
