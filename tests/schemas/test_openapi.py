@@ -4,28 +4,19 @@ schema so requests reach the views behind the 404 of unknown names."""
 
 import pytest
 import schemathesis
-from django.core import signals
 from django.core.wsgi import get_wsgi_application
-from django.db import close_old_connections
 from hypothesis import HealthCheck, settings
-from schemathesis.checks import not_a_server_error
 
 from schemas import services
 from tenants import services as tenant_services
 from tests.schemas.conftest import INVOICE
+from tests.support.fuzz import call_pinned, keep_test_connection  # noqa: F401 (fixture)
 from tests.tenants.factories import TenantFactory
 
 schema = schemathesis.openapi.from_wsgi("/api/schema/", get_wsgi_application()).include(path_regex="/schemas/")
 
 
-@pytest.fixture(autouse=True)
-def _keep_test_connection(db):
-    # As Django's test client does: the in-process WSGI app must not close the test's connection per request.
-    signals.request_started.disconnect(close_old_connections)
-    signals.request_finished.disconnect(close_old_connections)
-    yield
-    signals.request_started.connect(close_old_connections)
-    signals.request_finished.connect(close_old_connections)
+pytestmark = pytest.mark.usefixtures("keep_test_connection")
 
 
 @pytest.fixture
@@ -40,9 +31,4 @@ def target(queued_compiles):
 @schema.parametrize()
 @settings(max_examples=25, deadline=None, suppress_health_check=list(HealthCheck), derandomize=True)
 def test_no_server_error_as_a_manage_key(case, target):
-    pinned, key = target
-    for name, value in pinned.items():
-        if name in (case.path_parameters or {}):
-            case.path_parameters[name] = value
-    response = case.call(headers={"Authorization": f"Bearer {key}"})
-    case.validate_response(response, checks=[not_a_server_error])
+    call_pinned(case, *target)

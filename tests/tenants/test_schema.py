@@ -5,14 +5,13 @@ so that requests reach the views behind the 404 of an unknown slug."""
 
 import pytest
 import schemathesis
-from django.core import signals
 from django.core.wsgi import get_wsgi_application
-from django.db import close_old_connections
 from django.test import Client
 from hypothesis import HealthCheck, settings
 from schemathesis.checks import not_a_server_error
 
 from tenants import services
+from tests.support.fuzz import keep_test_connection  # noqa: F401 (fixture)
 from tests.tenants.factories import MembershipFactory, TenantFactory, UserFactory
 
 CSRF = "s" * 32  # a well-formed CSRF secret, sent as cookie and header alike
@@ -23,14 +22,7 @@ CSRF = "s" * 32  # a well-formed CSRF secret, sent as cookie and header alike
 schema = schemathesis.openapi.from_wsgi("/api/schema/", get_wsgi_application())
 
 
-@pytest.fixture(autouse=True)
-def _keep_test_connection(db):
-    # As Django's test client does: the in-process WSGI app must not close the test's connection per request.
-    signals.request_started.disconnect(close_old_connections)
-    signals.request_finished.disconnect(close_old_connections)
-    yield
-    signals.request_started.connect(close_old_connections)
-    signals.request_finished.connect(close_old_connections)
+pytestmark = pytest.mark.usefixtures("keep_test_connection")
 
 
 @pytest.fixture
