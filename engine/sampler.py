@@ -52,6 +52,9 @@ class Sampler:
         self.structured = structured  # engine.structured.decoding.StructuredDecoding: masks constrained rows
 
     def __call__(self, logits: torch.Tensor, seqs: list[Sequence]) -> SamplerOutput:  # logits [N, V] float32
+        """The next token of each row. The rows of constrained sequences (``seq.matcher``) of ``logits`` are
+        masked in place: the model runner hands over each step's fresh logits, and a copy of [64, 49152] float32
+        logits costs about as much as masking them (logprobs come from the raw logits, taken before)."""
         want_logprobs = [i for i, s in enumerate(seqs) if s.params.logprobs is not None]
         raw_logprobs = torch.log_softmax(logits[want_logprobs], dim=-1) if want_logprobs else None
         logits = self._adjust(logits, seqs)
@@ -70,11 +73,12 @@ class Sampler:
 
     def _adjust(self, logits: torch.Tensor, seqs: list[Sequence]) -> torch.Tensor:
         """Penalties and min_tokens (EOS and stop tokens banned until enough tokens came out; a constrained
-        sequence ends when its constraint says). A copy when anything changes: the raw logits give logprobs."""
+        sequence ends when its constraint says). A copy when anything changes, so the caller's logits stay as
+        they were; a constraint's mask is applied in place after this (``__call__``)."""
         penalized = [i for i, s in enumerate(seqs) if s.params.needs_penalties]
         banned = [i for i, s in enumerate(seqs) if s.num_output_tokens < s.params.min_tokens and s.matcher is None]
         if not penalized and not banned:
-            return logits if not any(s.matcher is not None for s in seqs) else logits.clone()
+            return logits
         logits = logits.clone()
         if penalized:
             logits[penalized] = _apply_penalties(logits[penalized], [seqs[i] for i in penalized])

@@ -95,3 +95,40 @@ def test_sparse_and_dense_rows_in_one_batch_are_masked_alike(dtype):
     allowed = torch.nn.functional.pad(unpacked(bitmask, VOCAB), (0, 64))
     expected = before.masked_fill(~allowed, float("-inf"))
     assert torch.equal(logits[rows], expected[rows]) and torch.equal(logits[[2, 3]], before[[2, 3]])
+
+
+def test_the_c_pass_and_the_torch_path_mask_alike(monkeypatch):
+    """float32 rows go through kernels/cpu/bitmask.c; with it off, the torch path gives the same logits, for
+    all-allowed, all-refused and mixed words, a vocabulary ending mid-word and logits wider than the mask."""
+    import engine.structured.bitmask as module
+
+    vocab, width = VOCAB + 100, VOCAB + 200
+    bitmask = random_bitmask(8, vocab, seed=3)
+    bitmask[0] = -1  # every token allowed
+    allow_only(bitmask, 1, [])
+    allow_only(bitmask, 2, [0, 31, 32, 63, vocab - 1])
+    bitmask[3, ::2] = 0  # half the words refused, the others random
+    logits = torch.randn(8, width)
+    rows = [0, 1, 2, 3, 5, 7]
+    native = logits.clone()
+    assert module._apply_native(native, bitmask, rows), "the C kernel did not build here"
+    monkeypatch.setattr(module, "_apply_native", lambda *args: False)
+    fallback = logits.clone()
+    apply_bitmask(fallback, bitmask, rows)
+    assert torch.equal(native, fallback)
+    assert torch.equal(native[[4, 6]], logits[[4, 6]]) and torch.equal(native[0, :32 * 1540], logits[0, :32 * 1540])
+
+
+def test_the_c_pass_respects_a_row_stride_and_refuses_rows_outside_the_batch():
+    import engine.structured.bitmask as module
+
+    wide = torch.randn(3, VOCAB + 7)
+    logits = wide[:, :VOCAB]  # rows of unit stride, further apart than their width
+    bitmask = random_bitmask(3, VOCAB, seed=4)
+    before = wide.clone()
+    assert module._apply_native(logits, bitmask, [2])
+    allowed = unpacked(bitmask[2:3], VOCAB)[0]
+    assert torch.equal(logits[2][allowed], before[2, :VOCAB][allowed]) and torch.isneginf(logits[2][~allowed]).all()
+    assert torch.equal(wide[:2], before[:2]) and torch.equal(wide[2, VOCAB:], before[2, VOCAB:])
+    with pytest.raises(IndexError):
+        module._apply_native(logits, bitmask, [3])
