@@ -9,9 +9,9 @@ Workloads:
       64) and "repeat this paragraph, changing X to Y" on the base model (``bench.edit_paragraphs``, max_tokens 192,
       ``--quick`` 160);
   (b) ``bench.throughput``'s offline workload (random-token prompts of 16-256 tokens, EOS ignored), all at once.
-Speculation: ``ngram`` k=4 (``prompt_lookup_max`` 4), ``suffix`` k=5; engine defaults otherwise (``max_batch_size``
-8, ``min_acceptance_rate`` 0.25, ``prompt_lookup_min`` 1). The same dict means n-grams of exactly 4 to vLLM, which
-reads a lone ``prompt_lookup_max`` as the minimum too.
+Speculation: ``ngram`` k=4 (``prompt_lookup_max`` 4: 4-grams only, here as in vLLM, which gets the same dict),
+``suffix`` k=5; engine defaults otherwise (``max_batch_size`` 32, ``min_acceptance_rate`` 0.25,
+``suffix_decoding_max_spec_factor`` 1).
 
 Measured:
   * (a) through the server, streamed chat: one stream, then four streams (on other prompts of each set, so no

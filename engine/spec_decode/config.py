@@ -5,18 +5,22 @@ from dataclasses import dataclass, fields
 
 METHODS = ("ngram", "suffix")
 MAX_SPECULATIVE_TOKENS = 16
+_DEFAULT_LOOKUP = 5  # n-gram length when neither bound is given (vLLM's)
 
 
 @dataclass(frozen=True, slots=True)
 class SpeculativeConfig:
     method: str
     num_speculative_tokens: int = 4
-    # ngram: the longest repeated suffix between these lengths is looked up in the sequence itself
-    prompt_lookup_min: int = 1
-    prompt_lookup_max: int = 4
+    # ngram: the longest repeated suffix between these lengths is looked up in the sequence itself. Defaults as
+    # vLLM's: one given alone is the other too (a lone prompt_lookup_max of 4 means 4-grams only), neither means 5.
+    prompt_lookup_min: int | None = None
+    prompt_lookup_max: int | None = None
     # suffix: tries cut at this depth; a continuation is drafted while its share of the counts is at least this
     suffix_decoding_max_tree_depth: int = 32
     suffix_decoding_min_token_prob: float = 0.1
+    # suffix: a draft is at most this many times as long as the match it continues (vLLM's default)
+    suffix_decoding_max_spec_factor: float = 1.0
     suffix_decoding_max_tree_nodes: int = 4_000_000  # over every scope's tree (about 120 bytes a node)
     # No drafts in a step with more sequences running than this: at a large enough batch a CPU step is compute-bound
     # and verifying drafts costs more than it saves. bench.spec_decode measures where: on the Intel AMX VM drafts still
@@ -43,6 +47,11 @@ class SpeculativeConfig:
         if self.method not in METHODS:
             raise ValueError(f"speculative_config.method must be one of {METHODS}, got {self.method!r}")
         _int_in("num_speculative_tokens", self.num_speculative_tokens, 1, MAX_SPECULATIVE_TOKENS)
+        low, high = self.prompt_lookup_min, self.prompt_lookup_max
+        if low is None and high is None:
+            low = high = _DEFAULT_LOOKUP
+        object.__setattr__(self, "prompt_lookup_min", high if low is None else low)
+        object.__setattr__(self, "prompt_lookup_max", low if high is None else high)
         _int_in("prompt_lookup_min", self.prompt_lookup_min, 1, 64)
         _int_in("prompt_lookup_max", self.prompt_lookup_max, self.prompt_lookup_min, 64)
         _int_in("suffix_decoding_max_tree_depth", self.suffix_decoding_max_tree_depth, 2, 256)
@@ -52,6 +61,10 @@ class SpeculativeConfig:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int | float) or not 0 <= value <= 1:
                 raise ValueError(f"speculative_config.{name} must be in [0, 1], got {value!r}")
+        factor = self.suffix_decoding_max_spec_factor
+        if isinstance(factor, bool) or not isinstance(factor, int | float) or not 0 < factor <= MAX_SPECULATIVE_TOKENS:
+            raise ValueError("speculative_config.suffix_decoding_max_spec_factor must be in (0, "
+                             f"{MAX_SPECULATIVE_TOKENS}], got {factor!r}")
 
 
 def _int_in(name: str, value, low: int, high: int) -> None:

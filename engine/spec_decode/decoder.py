@@ -68,6 +68,7 @@ class SpecDecoder:
             self.ngram = None
             self.suffix = SuffixProposer(self.k, max_depth=config.suffix_decoding_max_tree_depth,
                                          min_token_prob=config.suffix_decoding_min_token_prob,
+                                         max_spec_factor=config.suffix_decoding_max_spec_factor,
                                          max_tree_nodes=config.suffix_decoding_max_tree_nodes)
         self.num_draft_steps = 0  # sequence-steps that carried a draft
         self.num_drafted = 0

@@ -6,7 +6,9 @@ The scope is the cache salt (the gateway's per-tenant value) with the adapter's 
 caching uses: one tree per tenant and adapter version, so no tenant's text is ever proposed to another, and an
 adapter's habits (a JSON shape, a persona's phrases) are learnt from its own outputs only. The longest suffix of
 the context found in a trie is matched, and the draft follows the most frequent continuation while its share
-of the counts stays at least ``min_token_prob``; of the two tries the longer match wins.
+of the counts stays at least ``min_token_prob``; of the two tries the longer match wins. A draft is at most
+``max_spec_factor`` times as long as its match (SuffixDecoding's rule, vLLM's ``suffix_decoding_max_spec_factor``):
+a long match predicts a long copy, a two-token one little more than a token or two.
 
 Memory is bounded: each trie is cut at ``max_depth`` tokens; scope trees are kept least recently used first
 within ``max_tree_nodes`` nodes in all (about 120 bytes each), and a tree past ``max_nodes_per_tree`` stops
@@ -94,11 +96,13 @@ class SuffixTrie:
 
 class SuffixProposer:
     def __init__(self, num_speculative_tokens: int, *, max_depth: int = 32, min_token_prob: float = 0.1,
-                 min_match: int = 2, max_tree_nodes: int = 4_000_000, max_nodes_per_tree: int = 500_000):
+                 min_match: int = 2, max_spec_factor: float = 1.0, max_tree_nodes: int = 4_000_000,
+                 max_nodes_per_tree: int = 500_000):
         self.k = num_speculative_tokens
         self.max_depth = max_depth
         self.min_token_prob = min_token_prob
         self.min_match = min_match  # a shorter match predicts too little to be worth a verify
+        self.max_spec_factor = max_spec_factor
         self.max_tree_nodes = max_tree_nodes
         self.max_nodes_per_tree = max_nodes_per_tree
         self.trees: OrderedDict[Hashable, SuffixTrie] = OrderedDict()
@@ -134,8 +138,9 @@ class SuffixProposer:
         return sum(trie.num_nodes for trie in self.trees.values())
 
     def propose(self, context: list[int], own: SuffixTrie | None, scope: Hashable, k: int | None = None) -> list[int]:
-        """Up to ``k`` tokens to follow ``context`` (the sequence's tokens), from the longer of the matches in its
-        own trie and in its scope's; [] when neither matches ``min_match`` tokens."""
+        """Up to ``k`` tokens, and at most ``max_spec_factor`` times the match's length, to follow ``context`` (the
+        sequence's tokens), from the longer of the matches in its own trie and in its scope's; [] when neither
+        matches ``min_match`` tokens."""
         k = self.k if k is None else k
         best_length, best_node = 0, None
         for trie in (own, self.scope_trie(scope)):
@@ -146,6 +151,7 @@ class SuffixProposer:
                 best_length, best_node = length, node
         if best_node is None or best_length < self.min_match or k <= 0:
             return []
+        k = min(k, max(1, int(self.max_spec_factor * best_length)))
         return SuffixTrie.continuation(best_node, k, self.min_token_prob)
 
     def stats(self) -> dict:

@@ -187,6 +187,8 @@ def test_seeded_sampling_with_drafts_is_reproducible(folder):
     ({"method": "ngram", "prompt_lookup_min": 4, "prompt_lookup_max": 2}, "prompt_lookup_max"),
     ({"method": "suffix", "draft_model": "x"}, "unknown"),
     ({"method": "suffix", "suffix_decoding_min_token_prob": 2}, "suffix_decoding_min_token_prob"),
+    ({"method": "suffix", "suffix_decoding_max_spec_factor": 0}, "suffix_decoding_max_spec_factor"),
+    ({"method": "suffix", "suffix_decoding_max_spec_factor": "2"}, "suffix_decoding_max_spec_factor"),
 ])
 def test_bad_speculative_configs_are_refused_by_name(config, field):
     with pytest.raises(ValueError, match=field):
@@ -217,3 +219,13 @@ def test_constrained_sequences_draft_within_their_grammar_and_match_speculation_
     assert [o.outputs[0].finish_reason for o in on] == [o.outputs[0].finish_reason for o in off]
     stats = on_llm.llm_engine.stats()["speculative"]
     assert stats["drafted_tokens"] > 0 and stats["accepted_tokens"] > 0
+
+
+@pytest.mark.parametrize("given, bounds", [
+    ({}, (5, 5)), ({"prompt_lookup_max": 4}, (4, 4)), ({"prompt_lookup_min": 3}, (3, 3)),
+    ({"prompt_lookup_min": 1, "prompt_lookup_max": 4}, (1, 4)),
+])
+def test_ngram_bounds_default_as_vllms_do(given, bounds):
+    """A vLLM user's dict means the same n-grams here: one bound alone is the other too, neither is 5."""
+    config = SpeculativeConfig.from_dict({"method": "ngram", **given})
+    assert (config.prompt_lookup_min, config.prompt_lookup_max) == bounds
