@@ -72,6 +72,14 @@ class EngineConfig:
     # Drafts without a draft model (engine.spec_decode): {"method": "ngram" | "suffix", "num_speculative_tokens": k,
     # ...} as vLLM's speculative_config; None: one token a step.
     speculative_config: dict | None = None
+    # Tensor parallelism (engine.distributed): the model split over this many ranks, rank 0 this process and the
+    # others spawned by it. ``distributed_init``: torch.distributed's init method ("tcp://host:port"; None: a free
+    # loopback port). A collective waiting longer than ``distributed_timeout_s`` fails and ends the engine.
+    # ``num_threads_per_rank``: torch threads of each rank when the size is above 1 (None: the CPUs / the size).
+    tensor_parallel_size: int = 1
+    distributed_init: str | None = None
+    distributed_timeout_s: float = 60.0
+    num_threads_per_rank: int | None = None
 
     def __post_init__(self):
         if not isinstance(self.model, str | Path) or not str(self.model):
@@ -107,6 +115,7 @@ class EngineConfig:
 
         SpeculativeConfig.from_dict(self.speculative_config)
         self._validate_lora()
+        self._validate_parallel()
 
     def _validate_lora(self) -> None:
         if type(self.enable_lora) is not bool:
@@ -131,6 +140,21 @@ class EngineConfig:
                 SourcePolicy(self.adapter_sources)
             except ValueError as exc:
                 raise ValueError(f"adapter_sources: {exc}") from None
+
+    def _validate_parallel(self) -> None:
+        size = self.tensor_parallel_size
+        if type(size) is not int or size < 1:
+            raise ValueError(f"tensor_parallel_size must be a positive int, got {size!r}")
+        init = self.distributed_init
+        if init is not None and (not isinstance(init, str) or not init.startswith(("tcp://", "env://", "file://"))):
+            raise ValueError(f"distributed_init must be a torch.distributed init method (tcp://host:port, env://, "
+                             f"file://path), got {init!r}")
+        timeout = self.distributed_timeout_s
+        if isinstance(timeout, bool) or not isinstance(timeout, int | float) or not timeout > 0:
+            raise ValueError(f"distributed_timeout_s must be positive seconds, got {timeout!r}")
+        threads = self.num_threads_per_rank
+        if threads is not None and (type(threads) is not int or threads < 1):
+            raise ValueError(f"num_threads_per_rank must be a positive int or None, got {threads!r}")
 
     @property
     def torch_device(self) -> torch.device:

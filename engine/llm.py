@@ -24,7 +24,8 @@ class LLM:
     ``max_num_seqs``, ``max_num_batched_tokens``, ``kv_cache_memory``, ``gpu_memory_utilization``,
     ``enable_prefix_caching``, ``dtype``, ``kv_cache_dtype``, ``gemm``, ``quantization``, ``device``, ``seed``,
     ...). ``dtype="auto"`` is bf16 on CPUs with native bf16 dot products and on CUDA, else fp32;
-    ``quantization="int8"`` quantizes the decoder's projections at load (CPU).
+    ``quantization="int8"`` quantizes the decoder's projections at load (CPU). ``tensor_parallel_size=N`` splits
+    the model over N processes (this one and N - 1 it spawns, ``engine.distributed``); :meth:`shutdown` stops them.
     """
 
     def __init__(self, model: str, **engine_kwargs):
@@ -33,6 +34,10 @@ class LLM:
 
     def get_tokenizer(self):
         return self.llm_engine.tokenizer
+
+    def shutdown(self) -> None:
+        """Stop the engine's tensor-parallel worker processes and its adapter loader (the LLM is unusable after)."""
+        self.llm_engine.shutdown()
 
     def generate(
         self,

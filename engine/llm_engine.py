@@ -22,6 +22,7 @@ from pathlib import Path
 
 from engine.block_manager import BlockManager
 from engine.config import EngineConfig, ModelConfig
+from engine.distributed.sharding import ModelShard
 from engine.fair_share import FairShare
 from engine.fairness import FairAdmission
 from engine.input_processor import InputProcessor
@@ -84,6 +85,9 @@ class LLMEngine:
         self.tokenizer = AutoTokenizer.from_pretrained(config.tokenizer or folder)
         self.max_model_len = self._max_model_len()
         self.eos_token_ids = self._eos_token_ids(folder)
+        # One tensor-parallel rank's part of the model and of the adapter slots (checked before any process starts)
+        self.shard = ModelShard.of(self.model_config, 0, config.tensor_parallel_size) \
+            if config.tensor_parallel_size > 1 else None
         # Adapter slots before the model runner, which sizes the KV cache from the device memory left.
         self.adapters = self._adapter_manager() if config.enable_lora else None
         self.structured = StructuredDecoding(self.tokenizer, vocab_size=self.model_config.vocab_size,
@@ -91,7 +95,7 @@ class LLMEngine:
         self.model_runner = ModelRunner(config, self.model_config, folder, max_model_len=self.max_model_len,
                                         eos_token_ids=tuple(sorted(self.eos_token_ids)), structured=self.structured)
         if self.adapters is not None:
-            self.model_runner.model.bind_lora(self.adapters.slot_cache)
+            self.model_runner.bind_lora(self.adapters.slot_cache)
         self.block_manager = BlockManager(self.model_runner.num_blocks, config.block_size,
                                           config.enable_prefix_caching)
         inner = self.adapters.admission if self.adapters is not None else None
@@ -115,7 +119,7 @@ class LLMEngine:
         from engine.lora.adapter_manager import AdapterManager
 
         return AdapterManager(self.config, self.model_config, device=self.config.torch_device,
-                              dtype=self.config.torch_dtype(self.model_config))
+                              dtype=self.config.torch_dtype(self.model_config), shard=self.shard)
 
     def _max_model_len(self) -> int:
         limit = self.model_config.max_position_embeddings
@@ -190,7 +194,9 @@ class LLMEngine:
     def recover_from_failed_step(self) -> list[str]:
         """After :meth:`step` raised: finish every request (reason ``abort``) so its blocks and adapter slot come
         back, and empty the prefix cache (the failed step registered blocks whose KV it may never have written).
-        The ids finished. RuntimeError when the KV pool does not come back whole: the state is not to be trusted."""
+        The ids finished. RuntimeError when the KV pool does not come back whole: the state is not to be trusted;
+        TensorParallelError when a rank has died: nothing more can run."""
+        self.model_runner.check_workers()
         ids = list(self.requests)
         self.counters["step_errors"] += 1
         self.abort_request(ids)
@@ -199,6 +205,12 @@ class LLMEngine:
             raise RuntimeError(f"after aborting every request {manager.num_used_blocks} KV blocks are still held")
         manager.reset_prefix_cache()
         return ids
+
+    def shutdown(self) -> None:
+        """Stop what runs beside the engine: tensor-parallel worker processes, the adapter loader thread."""
+        self.model_runner.shutdown()
+        if self.adapters is not None:
+            self.adapters.close()
 
     def note_abandoned(self, request_id: str) -> None:
         """A request aborted before it reached the engine (a server's queue): counted as aborted."""
@@ -332,6 +344,7 @@ class LLMEngine:
             "fairness": self.scheduler.admission.stats(),  # counters by opaque key, never a tenant's name
             "speculative": self.spec.stats() if self.spec is not None else None,
             "gemm": self.model_runner.gemm.stats(),  # dtype and the GEMM path of each projection per band of M
+            "tensor_parallel": self.model_runner.parallel_stats(),  # collectives run and their time; None: TP 1
             **(self.adapters.stats() if self.adapters is not None else _NO_ADAPTERS),
         }
 

@@ -3,6 +3,10 @@
 It only reads sequences: the scheduler decided how many tokens each computes, the block manager where
 their KV goes. The step's batch is flattened (prefill chunks and decode tokens one after another) and
 described by one ``BatchMetadata``.
+
+With ``tensor_parallel_size`` N > 1 the runner of rank 0 spawns the workers (``engine.distributed.workers``) and
+holds its own shard; each step's batch goes to them in one broadcast before its forward pass, whose collectives
+meet theirs. The workers build a runner of their own (``parallel``: their group) and call :meth:`forward`.
 """
 
 import logging
@@ -28,8 +32,23 @@ _GPU_ACTIVATION_BYTES_PER_TOKEN = 64 * 2**10
 
 class ModelRunner:
     def __init__(self, config: EngineConfig, model_config: ModelConfig, folder: Path, *, max_model_len: int,
-                 eos_token_ids: tuple[int, ...], structured=None):
+                 eos_token_ids: tuple[int, ...], structured=None, parallel=None):
+        self.workers = None  # rank 0 of a tensor-parallel group: engine.distributed.workers.TensorParallelWorkers
+        if parallel is None and config.tensor_parallel_size > 1:
+            from engine.distributed.workers import TensorParallelWorkers
+
+            self.workers = TensorParallelWorkers(config, model_config, folder, max_model_len)
+            parallel = self.workers.group
+        try:
+            self._build(config, model_config, folder, max_model_len, eos_token_ids, structured, parallel)
+        except BaseException:
+            if self.workers is not None:
+                self.workers.abort()
+            raise
+
+    def _build(self, config, model_config, folder, max_model_len, eos_token_ids, structured, parallel) -> None:
         self.config = config
+        self.parallel = parallel  # engine.distributed.group.TensorParallelGroup, or None: the whole model here
         self.model_config = model_config
         self.device = config.torch_device
         self.dtype = config.torch_dtype(model_config)
@@ -41,12 +60,15 @@ class ModelRunner:
         if self.device.type == "cpu":
             keep_freed_memory()
         self.model = load_model(folder, model_config, dtype=self.dtype, device=self.device,
-                                max_positions=max_model_len, quantization=config.quantization)
+                                max_positions=max_model_len, quantization=config.quantization, group=parallel)
         self.gemm = choose_gemm(self.model, mode=config.gemm, dtype=self.dtype, device=self.device,
                                 max_num_batched_tokens=config.max_num_batched_tokens,
                                 max_num_seqs=config.max_num_seqs)
+        self.num_kv_heads = parallel.shard.kv_heads[1] if parallel is not None else model_config.num_kv_heads
         self.num_blocks = self._num_kv_blocks(max_model_len)
-        shape = (2, model_config.num_layers, self.num_blocks, self.block_size, model_config.num_kv_heads,
+        if parallel is not None:  # every rank holds the same blocks (of its own heads)
+            self.num_blocks = parallel.min_over_ranks(self.num_blocks)
+        shape = (2, model_config.num_layers, self.num_blocks, self.block_size, self.num_kv_heads,
                  model_config.head_dim)
         self.kv_cache = torch.zeros(shape, dtype=self.kv_cache_dtype, device=self.device)  # [2, L, blocks, bs, Hkv, D]
         self.model.bind_kv_cache(list(self.kv_cache[0]), list(self.kv_cache[1]))
@@ -57,7 +79,7 @@ class ModelRunner:
     @property
     def kv_block_bytes(self) -> int:
         c = self.model_config
-        return 2 * c.num_layers * self.block_size * c.num_kv_heads * c.head_dim * self.kv_cache_dtype.itemsize
+        return 2 * c.num_layers * self.block_size * self.num_kv_heads * c.head_dim * self.kv_cache_dtype.itemsize
 
     def _num_kv_blocks(self, max_model_len: int) -> int:
         if self.config.num_kv_blocks is not None:
@@ -126,16 +148,46 @@ class ModelRunner:
             return torch.tensor(values, dtype=dtype)
         return torch.tensor(values, dtype=dtype, pin_memory=True).to(self.device, non_blocking=True)
 
+    def bind_lora(self, slots) -> None:
+        """Point the model's projections at the adapter slots (an ``AdapterSlotCache`` or a worker's
+        ``SlotBuffers``); rank 0 of a group also sends every slot write to the workers."""
+        self.model.bind_lora(slots)
+        if self.workers is not None:
+            self.workers.follow_slots(slots.buffers)
+
+    def forward(self, input_ids: torch.Tensor, batch: BatchMetadata) -> torch.Tensor | None:
+        """The logits [num_logits_rows, vocab] of the step's sampled rows (None when it samples none, and on the
+        workers of a group)."""
+        hidden = self.model(input_ids, batch)  # [T, hidden]
+        if batch.logits_indices.numel() == 0:
+            return None
+        return self.model.compute_logits(hidden[batch.logits_indices])
+
+    def check_workers(self) -> None:
+        """Raise ``TensorParallelError`` if a rank of the group has died; nothing to check without one."""
+        if self.workers is not None:
+            self.workers.check()
+
+    def parallel_stats(self) -> dict | None:
+        return self.workers.stats() if self.workers is not None else None
+
+    def shutdown(self) -> None:
+        """Stop the workers of a tensor-parallel group (a no-op without one)."""
+        if self.workers is not None:
+            self.workers.stop()
+
     @torch.inference_mode()
     def execute(self, out: SchedulerOutput) -> SamplerOutput:
         """Run the step's forward pass and sample for the sequences whose context is complete: one row per
         scheduled sequence, in the order of ``out.seqs`` (None for one that computed a prompt chunk only)."""
         input_ids, batch, rows = self.prepare(out)
-        hidden = self.model(input_ids, batch)  # [T, hidden]
+        if self.workers is None:
+            logits = self.forward(input_ids, batch)  # [num_logits_rows, vocab] or None
+        else:
+            logits = self.workers.run_step(input_ids, batch, self.forward)
         result = SamplerOutput.empty(len(out.seqs))
         if not rows:
             return result
-        logits = self.model.compute_logits(hidden[batch.logits_indices])  # [num_logits_rows, vocab]
         drafting = [i for i in rows if out.seqs[i].spec_token_ids]
         if not drafting:
             result.scatter(rows, self.sampler(logits, [out.seqs[i] for i in rows]))

@@ -24,7 +24,7 @@ logger = logging.getLogger(__name__)
 
 class AdapterManager:
     def __init__(self, config: EngineConfig, model_config: ModelConfig, *, device: torch.device,
-                 dtype: torch.dtype, s3_client=None):
+                 dtype: torch.dtype, s3_client=None, shard=None):
         fingerprint = ModelFingerprint.from_hf_config(model_config.extra)
         # None: the offline API's caller may name any local folder (it can read them anyway).
         sources = ["/"] if config.adapter_sources is None else config.adapter_sources
@@ -32,7 +32,7 @@ class AdapterManager:
                                     dtype=dtype, pin_memory=device.type == "cuda", s3_client=s3_client)
         self.slot_cache = AdapterSlotCache(fingerprint, self.loader, max_loras=config.max_loras,
                                            max_cpu_loras=config.max_cpu_loras, max_lora_rank=config.max_lora_rank,
-                                           device=device, dtype=dtype)
+                                           device=device, dtype=dtype, shard=shard)
         self.admission = AdapterAdmission(self.slot_cache, max_wait_steps=config.max_adapter_wait_steps,
                                            max_num_seqs=config.max_num_seqs)
         self._waiters: dict[AdapterId, list[tuple[LoRARequest, Future]]] = {}

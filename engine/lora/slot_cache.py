@@ -56,6 +56,7 @@ class AdapterSlotCache:
         dtype: torch.dtype = torch.float32,
         num_loader_threads: int = 1,
         groups: tuple[Group, ...] = LLAMA_GROUPS,
+        shard=None,
     ):
         if not 1 <= max_loras <= max_cpu_loras:
             raise ValueError(f"need 1 <= max_loras ({max_loras}) <= max_cpu_loras ({max_cpu_loras})")
@@ -64,7 +65,7 @@ class AdapterSlotCache:
         self.fingerprint, self.loader = fingerprint, loader
         self.num_slots, self.max_cpu_loras, self.max_rank = max_loras, max_cpu_loras, max_lora_rank
         self.buffers = SlotBuffers(fingerprint, num_slots=max_loras, max_rank=max_lora_rank, device=device,
-                                   dtype=dtype, groups=groups)
+                                   dtype=dtype, groups=groups, shard=shard)  # shard: a tensor-parallel rank's part
         b = self.buffers
         self.group_a, self.group_b, self.lora_a, self.lora_b = b.group_a, b.group_b, b.lora_a, b.lora_b
         self.scales, self.slot_ranks = b.scales, b.slot_ranks  # [num_slots] fp32, [num_slots] int32
@@ -85,7 +86,7 @@ class AdapterSlotCache:
         """``(lora_a [num_slots, len(group) * max_rank, in], lora_b [num_slots, sum of outs, max_rank])`` of one
         (fused) projection of one layer, to pass with :attr:`scales`, :attr:`slot_ranks` and the step's
         ``token_slots`` to ``kernels.lora_shrink(num_slices=len(group))`` / ``lora_expand(slices=...)``."""
-        return self.group_a[tuple(group)][layer], self.group_b[tuple(group)][layer]
+        return self.buffers.group_weights(layer, group)
 
     def layer_weights(self, layer: int, module: str) -> tuple[torch.Tensor, torch.Tensor]:
         """``(lora_a [num_slots, max_rank, in], lora_b [num_slots, out, max_rank])`` of one module of one layer

@@ -1,7 +1,7 @@
 """The one linear layer every projection of the model goes through (fused or not, the vocabulary's too), LoRA
-included."""
+included, whole or as one tensor-parallel rank's shard."""
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -37,6 +37,24 @@ class LoRAWeights:
     slot_ranks: torch.Tensor  # [num_slots] int32, 0 for a free slot
 
 
+@dataclass(frozen=True, slots=True)
+class ProjectionShard:
+    """One tensor-parallel rank's part of a projection (``engine.distributed.sharding``).
+
+    Column-parallel (``dim`` 0): the rank holds rows ``starts[i]:starts[i] + size`` of each slice's checkpoint
+    weight (and bias); its outputs are its columns of ``y``. Row-parallel (``dim`` 1): it holds input columns
+    ``starts[0]:starts[0] + in_features`` of the weight and returns a partial ``y`` that ``all_reduce`` sums over the
+    ranks; the bias is added once, by the rank with ``keep_bias``. LoRA follows the weight: a column-parallel
+    projection's B holds the rank's output rows, a row-parallel one's A its input columns, so the all-reduce sums the
+    adapters' partial deltas with the base's.
+    """
+
+    dim: int
+    starts: tuple[int, ...]
+    all_reduce: Callable | None = None  # [T, out] partial sums -> their sum over the ranks
+    keep_bias: bool = True
+
+
 class Projection(nn.Module):
     """``y = x @ W.T + b (+ each token's adapter: scale * B @ A @ x)`` where ``W`` stacks the HF projections in
     ``slices``.
@@ -49,10 +67,11 @@ class Projection(nn.Module):
     The base GEMM is ``F.linear`` until :meth:`use_kernel` binds the path chosen for this machine
     (``engine.models.gemm_choice``). A quantized projection (:meth:`quantize`) keeps only its
     ``quant.QuantizedWeight`` and always has a kernel. An empty ``prefix`` names the slices alone (``lm_head``).
+    With a ``shard``, ``in_features`` and the slices' sizes are this rank's (see :class:`ProjectionShard`).
     """
 
     def __init__(self, prefix: str, in_features: int, slices: Sequence[tuple[str, int]], bias: bool,
-                 weight: nn.Parameter | None = None):
+                 weight: nn.Parameter | None = None, *, shard: ProjectionShard | None = None):
         super().__init__()
         offsets, offset = [], 0
         for name, size in slices:
@@ -67,7 +86,10 @@ class Projection(nn.Module):
         elif weight.shape != (offset, in_features):
             raise ValueError(f"{prefix}: weight {tuple(weight.shape)} is not [{offset}, {in_features}]")
         self.weight = weight  # [out, in]; given: shared with another module (a tied lm_head's embedding)
-        self.bias = nn.Parameter(torch.empty(offset), requires_grad=False) if bias else None  # [out]
+        self.shard = shard
+        keep_bias = bias and (shard is None or shard.keep_bias)
+        self.bias = nn.Parameter(torch.empty(offset), requires_grad=False) if keep_bias else None  # [out]
+        self.reduce = shard.all_reduce if shard is not None else None
         self.lora: LoRAWeights | None = None
         self.kernel: LinearKernel | None = None
         self.quantized: QuantizedWeight | None = None
@@ -93,7 +115,7 @@ class Projection(nn.Module):
         y = F.linear(x, self.weight, self.bias) if self.kernel is None else self.kernel(x)
         if self.lora is not None and batch is not None and batch.token_slots is not None:
             self._add_lora(x, y, batch.token_slots)
-        return y
+        return y if self.reduce is None else self.reduce(y)
 
     def _add_lora(self, x: torch.Tensor, y: torch.Tensor, token_slots: torch.Tensor) -> None:
         lora, num_parts = self.lora, len(self.output_slices)
@@ -118,6 +140,22 @@ class Projection(nn.Module):
             if self.bias is not None:
                 names[f"{name}.bias"] = (self.bias, piece.offset, piece.size)
         return names
+
+    def checkpoint_parts(self) -> dict[str, tuple[int, int, int] | None]:
+        """For a shard: HF tensor name -> ``(dim, start, length)`` of the checkpoint tensor this rank keeps, or None
+        for a tensor it keeps nothing of (a row-parallel bias on all ranks but one). Empty when unsharded."""
+        if self.shard is None:
+            return {}
+        parts = {}
+        for i, piece in enumerate(self.output_slices):
+            name = f"{self.prefix}.{piece.name}" if self.prefix else piece.name
+            if self.shard.dim == 0:
+                parts[f"{name}.weight"] = parts[f"{name}.bias"] = (0, self.shard.starts[i], piece.size)
+            else:
+                parts[f"{name}.weight"] = (1, self.shard.starts[0], self.in_features)
+                if self.bias is None:
+                    parts[f"{name}.bias"] = None
+        return parts
 
     def extra_repr(self) -> str:
         pieces = ", ".join(f"{p.name}={p.size}" for p in self.output_slices)

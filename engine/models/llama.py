@@ -4,6 +4,11 @@ Weights come from HF safetensors by name (``engine.models.loader``); no transfor
 Every projection, the vocabulary's included, is an ``engine.models.linear.Projection`` (adapters on the decoder
 layers' ones, via :meth:`bind_lora` and the batch's token-to-slot index); attention reads and writes the paged KV cache
 through ``kernels.write_kv`` and ``kernels.paged_attention`` over the whole flattened batch.
+
+Given a ``TensorParallelGroup`` the model is one rank's shard (``engine.distributed.sharding``): its heads in
+attention, its intermediate rows in the MLP, its vocabulary rows in ``lm_head``; o_proj and down_proj all-reduce
+their partial outputs, ``compute_logits`` gathers the vocabulary to rank 0. Without one nothing is split and no
+collective runs.
 """
 
 import torch
@@ -13,7 +18,7 @@ from torch import nn
 import kernels
 from engine.batch_metadata import BatchMetadata
 from engine.config import ModelConfig
-from engine.models.linear import LoRAWeights, Projection
+from engine.models.linear import LoRAWeights, Projection, ProjectionShard
 from engine.models.rotary import RotaryEmbedding, apply_rotary
 
 
@@ -28,17 +33,29 @@ class RMSNorm(nn.Module):
         return F.rms_norm(x, self.weight.shape, self.weight, self.eps)
 
 
+def _column(group, *starts: int) -> ProjectionShard | None:
+    return None if group is None else ProjectionShard(0, starts)
+
+
+def _row(group, start: int) -> ProjectionShard | None:
+    return None if group is None else ProjectionShard(1, (start,), group.all_reduce, keep_bias=group.rank == 0)
+
+
 class Attention(nn.Module):
-    def __init__(self, config: ModelConfig, prefix: str):
+    def __init__(self, config: ModelConfig, prefix: str, group=None):
         super().__init__()
-        self.num_heads, self.num_kv_heads, self.head_dim = config.num_heads, config.num_kv_heads, config.head_dim
+        self.head_dim = config.head_dim
+        q_first, self.num_heads = group.shard.q_heads if group else (0, config.num_heads)
+        kv_first, self.num_kv_heads = group.shard.kv_heads if group else (0, config.num_kv_heads)
         q_size, kv_size = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
         self.sizes = (q_size, kv_size, kv_size)
+        q_start, kv_start = q_first * self.head_dim, kv_first * self.head_dim
         self.qkv_proj = Projection(
             prefix, config.hidden_size, [("q_proj", q_size), ("k_proj", kv_size), ("v_proj", kv_size)],
-            bias=config.qkv_bias,
+            bias=config.qkv_bias, shard=_column(group, q_start, kv_start, kv_start),
         )
-        self.o_proj = Projection(prefix, q_size, [("o_proj", config.hidden_size)], bias=config.o_bias)
+        self.o_proj = Projection(prefix, q_size, [("o_proj", config.hidden_size)], bias=config.o_bias,
+                                 shard=_row(group, q_start))
         self.scale = self.head_dim**-0.5
         self.k_cache: torch.Tensor | None = None  # [num_blocks, block_size, num_kv_heads, head_dim]
         self.v_cache: torch.Tensor | None = None
@@ -57,13 +74,15 @@ class Attention(nn.Module):
 
 
 class MLP(nn.Module):
-    def __init__(self, config: ModelConfig, prefix: str):
+    def __init__(self, config: ModelConfig, prefix: str, group=None):
         super().__init__()
-        size = config.intermediate_size
+        first, size = group.shard.intermediate if group else (0, config.intermediate_size)
         self.gate_up_proj = Projection(
-            prefix, config.hidden_size, [("gate_proj", size), ("up_proj", size)], bias=config.mlp_bias
+            prefix, config.hidden_size, [("gate_proj", size), ("up_proj", size)], bias=config.mlp_bias,
+            shard=_column(group, first, first),
         )
-        self.down_proj = Projection(prefix, size, [("down_proj", config.hidden_size)], bias=config.mlp_bias)
+        self.down_proj = Projection(prefix, size, [("down_proj", config.hidden_size)], bias=config.mlp_bias,
+                                    shard=_row(group, first))
         self.size = size
 
     def forward(self, x: torch.Tensor, batch: BatchMetadata | None = None) -> torch.Tensor:  # [T, hidden]
@@ -72,11 +91,11 @@ class MLP(nn.Module):
 
 
 class DecoderLayer(nn.Module):
-    def __init__(self, config: ModelConfig, index: int):
+    def __init__(self, config: ModelConfig, index: int, group=None):
         super().__init__()
         prefix = f"model.layers.{index}"
-        self.self_attn = Attention(config, f"{prefix}.self_attn")
-        self.mlp = MLP(config, f"{prefix}.mlp")
+        self.self_attn = Attention(config, f"{prefix}.self_attn", group)
+        self.mlp = MLP(config, f"{prefix}.mlp", group)
         self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
 
@@ -86,17 +105,28 @@ class DecoderLayer(nn.Module):
 
 
 class LlamaForCausalLM(nn.Module):
-    """``forward`` maps a flattened batch to hidden states; ``compute_logits`` projects only the sampled rows."""
+    """``forward`` maps a flattened batch to hidden states; ``compute_logits`` projects only the sampled rows.
+    ``group``: an ``engine.distributed.group.TensorParallelGroup`` whose rank's shard this model is."""
 
-    def __init__(self, config: ModelConfig, max_positions: int):
+    def __init__(self, config: ModelConfig, max_positions: int, group=None):
         super().__init__()
         self.config = config
+        self.group = group
         self.embed_tokens = nn.Parameter(torch.empty(config.vocab_size, config.hidden_size), requires_grad=False)
-        self.layers = nn.ModuleList(DecoderLayer(config, i) for i in range(config.num_layers))
+        self.layers = nn.ModuleList(DecoderLayer(config, i, group) for i in range(config.num_layers))
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.rotary = RotaryEmbedding(config.head_dim, max_positions, config.rope_theta, config.rope_scaling)
-        self.lm_head = Projection("", config.hidden_size, [("lm_head", config.vocab_size)], bias=False,
-                                  weight=self.embed_tokens if config.tie_word_embeddings else None)
+        vocab_first, vocab_rows = group.shard.vocab if group else (0, config.vocab_size)
+        tied = config.tie_word_embeddings and group is None  # a shard's tied rows are bound by tie_lm_head()
+        self.lm_head = Projection("", config.hidden_size, [("lm_head", vocab_rows)], bias=False,
+                                  weight=self.embed_tokens if tied else None, shard=_column(group, vocab_first))
+
+    def tie_lm_head(self) -> None:
+        """After loading a shard with tied embeddings: its vocabulary projection views its rows of the embedding.
+        (A view made before loading would not survive the dtype cast that precedes it.)"""
+        if self.group is not None and self.config.tie_word_embeddings:
+            first, rows = self.group.shard.vocab
+            self.lm_head.weight = nn.Parameter(self.embed_tokens.detach()[first : first + rows], requires_grad=False)
 
     def bind_kv_cache(self, k_caches: list[torch.Tensor], v_caches: list[torch.Tensor]) -> None:
         for layer, k_cache, v_cache in zip(self.layers, k_caches, v_caches, strict=True):
@@ -118,8 +148,18 @@ class LlamaForCausalLM(nn.Module):
             x = layer(x, rope, batch)
         return x
 
-    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:  # [N, hidden] -> [N, vocab] float32
-        return self.lm_head(self.norm(hidden)).float()
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor | None:  # [N, hidden] -> [N, vocab] float32
+        """The logits of ``hidden``'s rows; a shard's gather to rank 0, None on the other ranks."""
+        logits = self.lm_head(self.norm(hidden)).float()
+        return logits if self.group is None else self.group.gather_logits(logits)
+
+    def checkpoint_parts(self) -> dict[str, tuple[int, int, int] | None]:
+        """A shard's ``(dim, start, length)`` of each sharded checkpoint tensor (``Projection.checkpoint_parts``)."""
+        parts = {}
+        for module in self.modules():
+            if isinstance(module, Projection):
+                parts.update(module.checkpoint_parts())
+        return parts
 
     def hf_names(self) -> dict[str, tuple[nn.Parameter, int, int]]:
         """Every HF tensor name this model loads -> (parameter, first row, rows)."""

@@ -30,22 +30,27 @@ def safetensors_files(folder: Path) -> list[Path]:
 
 def load_model(
     folder: Path, config: ModelConfig, *, dtype: torch.dtype, device: torch.device, max_positions: int,
-    quantization: str | None = None,
+    quantization: str | None = None, group=None,
 ) -> LlamaForCausalLM:
     """A ready-to-run model on ``device`` in ``dtype``; every parameter must come from the checkpoint.
 
     ``quantization="int8"``: every decoder projection's weight is quantized per output channel from the
     checkpoint's values (not from their ``dtype`` rounding); embeddings, norms and the vocabulary projection stay
-    in ``dtype``. A GGUF folder's quantized tensors stay quantized whatever ``quantization`` says."""
+    in ``dtype``. A GGUF folder's quantized tensors stay quantized whatever ``quantization`` says.
+    ``group`` (a ``TensorParallelGroup``): only this rank's shard is read from the safetensors files; float weights
+    only."""
     folder = Path(folder)
+    if group is not None and (quantization is not None or (folder / GGUF_FILE).exists()):
+        raise ValueError("a tensor-parallel shard loads float safetensors weights only (no int8, no GGUF)")
     with torch.device(device):
-        model = LlamaForCausalLM(config, max_positions)
+        model = LlamaForCausalLM(config, max_positions, group)
     if (folder / GGUF_FILE).exists():
         model.to(dtype)
         load_gguf_weights(folder / GGUF_FILE, model, config, quantize_float=quantization == "int8")
         return model.eval()
     model.to(torch.float32 if quantization == "int8" else dtype)  # int8 is made from the checkpoint's own values
     _load_safetensors(folder, config, model)
+    model.tie_lm_head()
     if quantization == "int8":
         for projection in model.layers.modules():
             if isinstance(projection, Projection):
@@ -55,6 +60,7 @@ def load_model(
 
 def _load_safetensors(folder: Path, config: ModelConfig, model: LlamaForCausalLM) -> None:
     names = model.hf_names()
+    parts = model.checkpoint_parts()  # a shard's part of each split tensor (None: another rank's)
     loaded: set[str] = set()
     unexpected: list[str] = []
     for path in safetensors_files(folder):
@@ -62,10 +68,12 @@ def _load_safetensors(folder: Path, config: ModelConfig, model: LlamaForCausalLM
             for name in tensors.keys():
                 if name.endswith(_IGNORED_SUFFIXES) or (config.tie_word_embeddings and name == "lm_head.weight"):
                     continue
+                if name in parts and parts[name] is None:
+                    continue
                 if name not in names:
                     unexpected.append(name)
                     continue
-                _copy_into(name, tensors.get_tensor(name), *names[name])
+                _copy_into(name, _read(tensors, name, parts.get(name)), *names[name])
                 loaded.add(name)
     missing = sorted(set(names) - loaded)
     if unexpected or missing:
@@ -74,6 +82,15 @@ def _load_safetensors(folder: Path, config: ModelConfig, model: LlamaForCausalLM
             f"missing {missing[:5]}{'...' if len(missing) > 5 else ''}, "
             f"unexpected {unexpected[:5]}{'...' if len(unexpected) > 5 else ''}"
         )
+
+
+def _read(tensors, name: str, part: tuple[int, int, int] | None) -> torch.Tensor:
+    """The whole tensor, or only ``part`` (dim, start, length) of it: a shard never reads the others' rows."""
+    if part is None:
+        return tensors.get_tensor(name)
+    dim, start, length = part
+    piece = tensors.get_slice(name)
+    return piece[start : start + length] if dim == 0 else piece[:, start : start + length]
 
 
 def _copy_into(name: str, tensor: torch.Tensor, param: torch.nn.Parameter, offset: int, rows: int) -> None:

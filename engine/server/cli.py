@@ -57,6 +57,12 @@ def build_parser() -> argparse.ArgumentParser:
     engine.add_argument("--speculative-config", type=_json_object, default=None, metavar="JSON",
                         help='drafts without a draft model, vLLM\'s names: \'{"method": "ngram", '
                              '"num_speculative_tokens": 4}\' or "method": "suffix" (engine/spec_decode)')
+    engine.add_argument("--tensor-parallel-size", type=int, default=1, metavar="N",
+                        help="split the model over N ranks on torch.distributed (gloo on CPU, NCCL on CUDA): this "
+                             "process and N - 1 workers it spawns")
+    engine.add_argument("--distributed-init", default=None, metavar="URL",
+                        help="torch.distributed init method of the ranks' rendezvous, as torchrun takes it "
+                             "(tcp://host:port); default: a free loopback port")
     lora = serve.add_argument_group("LoRA")
     lora.add_argument("--enable-lora", action="store_true", default=True, help="serve adapters (the default)")
     lora.add_argument("--no-enable-lora", dest="enable_lora", action="store_false", help="serve the base model only")
@@ -88,6 +94,7 @@ def engine_kwargs(args: argparse.Namespace) -> dict:
         "device": args.device, "seed": args.seed,
         "structured_outputs_compile_timeout": args.structured_outputs_compile_timeout,
         "speculative_config": args.speculative_config,
+        "tensor_parallel_size": args.tensor_parallel_size, "distributed_init": args.distributed_init,
     }
     if args.enable_lora:
         sources = [s.strip() for s in args.adapter_sources.split(",") if s.strip()]
