@@ -211,8 +211,7 @@ class AsyncEngine:
                     continue
                 if self.on_step is not None:
                     self.on_step(outputs, time.perf_counter() - started)
-                for output in outputs:
-                    self._deliver(output.request_id, output)
+                self._deliver_step(outputs)
         except BaseException as exc:  # every waiter must hear that the loop died, whatever killed it
             logger.exception("engine loop died")
             self._error = exc
@@ -268,13 +267,33 @@ class AsyncEngine:
         return True
 
     def _deliver(self, request_id: str, item) -> None:
+        stream = self._take(request_id, item)
+        if stream is not None:
+            stream.loop.call_soon_threadsafe(stream.queue.put_nowait, item)
+
+    def _deliver_step(self, outputs: list) -> None:
+        """A step's outputs, handed over in one wake-up of each event loop (not one per stream): with many
+        streams each token otherwise costs the loop thread a self-pipe write and a callback of its own."""
+        by_loop: dict[asyncio.AbstractEventLoop, list] = {}
+        for output in outputs:
+            stream = self._take(output.request_id, output)
+            if stream is not None:
+                by_loop.setdefault(stream.loop, []).append((stream.queue, output))
+        for loop, items in by_loop.items():
+            loop.call_soon_threadsafe(_put_all, items)
+
+    def _take(self, request_id: str, item) -> _Stream | None:
+        """The stream ``item`` goes to (None if it is gone), let go of when ``item`` is its last."""
         stream = self._streams.get(request_id)
-        if stream is None:
-            return
-        if isinstance(item, BaseException) or item.finished:
+        if stream is not None and (isinstance(item, BaseException) or item.finished):
             stream.finished = True
             self._streams.pop(request_id, None)
-        stream.loop.call_soon_threadsafe(stream.queue.put_nowait, item)
+        return stream
+
+
+def _put_all(items: list[tuple[asyncio.Queue, object]]) -> None:
+    for queue, item in items:
+        queue.put_nowait(item)
 
 
 def _set_result(future: asyncio.Future, value) -> None:

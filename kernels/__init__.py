@@ -47,8 +47,16 @@ def use_backend(name: str | None):
         _forced = previous
 
 
+_MODULES: dict[str, object] = {}
+
+
 def _impl(op: str, device: torch.device):
-    return getattr(import_module(f"kernels.{backend_for(device)}"), op)
+    # Called for every op of every layer: the backend's module is looked up once, not imported again each time.
+    backend = backend_for(device)
+    module = _MODULES.get(backend)
+    if module is None:
+        module = _MODULES[backend] = import_module(f"kernels.{backend}")
+    return getattr(module, op)
 
 
 def paged_attention(

@@ -5,6 +5,8 @@ import math
 import torch
 from torch import nn
 
+from kernels.cpu import rotary_kv
+
 
 def inverse_frequencies(head_dim: int, theta: float, scaling: dict | None) -> torch.Tensor:  # [head_dim // 2]
     inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.float) / head_dim))
@@ -49,8 +51,13 @@ class RotaryEmbedding(nn.Module):
 def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
     """``x * cos + rotate_half(x) * sin`` with the two halves written separately (same float ops as HF).
 
-    x: [num_tokens, heads, head_dim]; cos, sin: [num_tokens, 1, head_dim // 2].
+    x: [num_tokens, heads, head_dim]; cos, sin: [num_tokens, 1, head_dim // 2]. On CPU one C call computes the
+    same floats (``kernels.cpu.rotary_kv``): at a decode token the torch ops below cost ten times their arithmetic.
     """
+    if x.device.type == "cpu":
+        out = rotary_kv.rotary(x, cos, sin)
+        if out is not None:
+            return out
     half = x.shape[-1] // 2
     x1, x2 = x[..., :half], x[..., half:]
     out = torch.empty_like(x, memory_format=torch.contiguous_format)

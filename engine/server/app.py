@@ -237,6 +237,11 @@ async def _merged_outputs(state: ServerState, request_id: str, prompt_ids: list[
     """One engine request per prompt (``id``, ``id<US>1``, ...), their outputs merged as (prompt index, completion).
     The separator is the non-printable unit separator, which no request id taken from a client holds, so another
     request's ``X-Request-Id`` can never name one of these."""
+    if len(prompt_ids) == 1:
+        async for item in _single_outputs(state, request_id, prompt_ids[0], params[0], lora_request, cache_salt,
+                                          fairness):
+            yield item
+        return
     queue: asyncio.Queue = asyncio.Queue()
     sub_ids = [request_id if i == 0 else f"{request_id}\x1f{i}" for i in range(len(prompt_ids))]
 
@@ -269,6 +274,26 @@ async def _merged_outputs(state: ServerState, request_id: str, prompt_ids: list[
     finally:
         for task in tasks:
             task.cancel()
+
+
+async def _single_outputs(state: ServerState, request_id: str, prompt_ids: list[int], params, lora_request,
+                          cache_salt: str | None, fairness: dict):
+    """What :func:`_merged_outputs` gives for one prompt, read straight from the engine's stream: no pump task and
+    no second queue, which cost every streamed token two more hand-offs on the event loop."""
+    outputs = state.engine.generate(request_id, None, params, prompt_token_ids=prompt_ids, lora_request=lora_request,
+                                    cache_salt=cache_salt, **fairness)
+    try:
+        async for output in outputs:
+            if output.error is not None:  # before any completion: a stream not yet started gets the status
+                raise _as_api_error(output.error)
+            for completion in output.outputs:
+                yield 0, completion
+    except APIError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - the engine's refusals as API errors, as the merged path gives them
+        raise _as_api_error(exc) from None
+    finally:
+        await outputs.aclose()  # an abandoned stream aborts its request now, not when the generator is collected
 
 
 def _as_api_error(exc: BaseException) -> BaseException:

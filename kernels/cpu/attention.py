@@ -12,7 +12,7 @@ import ctypes
 import torch
 import torch.nn.functional as F
 
-from kernels.cpu import native
+from kernels.cpu import native, rotary_kv
 
 
 def write_kv(
@@ -22,7 +22,7 @@ def write_kv(
     v_cache: torch.Tensor,  # [num_blocks, block_size, num_kv_heads, head_dim]
     slot_mapping: torch.Tensor,  # [num_tokens] int64; -1 = skip
 ) -> None:
-    if k.shape[0] == 0:
+    if k.shape[0] == 0 or rotary_kv.write_kv(k, v, k_cache, v_cache, slot_mapping):
         return
     slots = slot_mapping.long()
     if bool((slots < 0).any()):

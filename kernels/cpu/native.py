@@ -22,6 +22,8 @@ logger = logging.getLogger(__name__)
 
 # -ffast-math lets gcc vectorize the dot-product reductions; infinities stay defined for the softmax.
 FLAGS = ("-O3", "-march=native", "-ffast-math", "-fno-finite-math-only", "-fopenmp", "-shared", "-fPIC", "-std=c11")
+# Sources whose results must equal torch's bit for bit: every float op as written, no reassociation, no FMA.
+SOURCE_FLAGS = {"rotary_kv": ("-fno-fast-math", "-ffp-contract=off")}
 
 
 def enabled() -> bool:
@@ -63,7 +65,7 @@ def load(name: str, variant: tuple[str, ...] = ()) -> ctypes.CDLL | None:
         logger.warning("no C compiler found: %s runs on its slower pure-torch path", name)
         return None
     headers = [path.read_bytes() for path in sorted(source.parent.glob("*.h"))]  # what the sources include
-    flags = (*FLAGS, *(f"-D{define}" for define in variant))
+    flags = (*FLAGS, *SOURCE_FLAGS.get(name, ()), *(f"-D{define}" for define in variant))
     digest = hashlib.sha256(
         b"\0".join([source.read_bytes(), *headers, " ".join(flags).encode(), compiler.encode(),
                      _cpu_fingerprint().encode()])

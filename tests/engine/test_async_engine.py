@@ -80,3 +80,27 @@ def test_steps_that_keep_failing_end_the_loop(engine):
 
     results = asyncio.run(scenario())
     assert [type(r) for r in results] == [StepFailed] * MAX_STEP_FAILURES + [EngineDead, EngineDead]
+
+
+def test_concurrent_streams_get_every_step_of_their_own_tokens(engine):
+    """One step's outputs reach all streams in one hand-off to the event loop: each stream still sees every token,
+    one step after another, and ends with what it gets when it runs alone."""
+    _, async_engine = engine
+    prompts = {f"s{i}": [5 + i, *PROMPT[i:]] for i in range(4)}
+
+    async def stream(request_id: str) -> tuple[list[int], list[int]]:
+        counts, last = [], None
+        async for output in async_engine.generate(request_id, None, GREEDY, prompt_token_ids=prompts[request_id]):
+            counts.append(len(output.outputs[0].token_ids))
+            last = output
+        return counts, list(last.outputs[0].token_ids)
+
+    async def scenario():
+        together = await asyncio.gather(*(stream(rid) for rid in prompts))
+        alone = [await tokens_of(async_engine, f"alone-{rid}", p) for rid, p in prompts.items()]
+        return together, alone
+
+    together, alone = asyncio.run(scenario())
+    for (counts, tokens), reference in zip(together, alone, strict=True):
+        assert counts == list(range(1, GREEDY.max_tokens + 1))
+        assert tokens == reference

@@ -1,0 +1,83 @@
+/* Rotary embedding and the KV cache write for CPUs: one call each per layer instead of a dozen torch ops, which at
+ * one decode token cost more than their arithmetic (about 35 us of the ~40 us the two took per layer, measured on
+ * a 2-core VM).
+ *
+ * Bit for bit what the torch formulas give (engine/models/rotary.py, kernels/cpu/attention.py): native.py builds
+ * this file without -ffast-math and with -ffp-contract=off, so every product is rounded to float32 before the sum
+ * (no FMA), as torch computes ``x1 * cos - x2 * sin`` in float32 op by op. act_t/kv_t and the loads come from
+ * vec8.h; stores to bfloat16 round to nearest even in software, as torch does (NaN -> 0x7fc0), never through
+ * vcvtneps2bf16, which flushes denormals.
+ */
+#include <stdint.h>
+#include <string.h>
+
+#include "vec8.h"
+
+static inline float bf16_to_float(bf16 h) {
+    const uint32_t u = (uint32_t)h << 16;
+    float f;
+    memcpy(&f, &u, sizeof f);
+    return f;
+}
+
+static inline bf16 float_to_bf16(float f) {
+    uint32_t u;
+    memcpy(&u, &f, sizeof u);
+    if ((u & 0x7fffffffu) > 0x7f800000u) return 0x7fc0;
+    return (bf16)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
+}
+
+#ifdef ACT_BF16
+#define ACT_TO_FLOAT(x) bf16_to_float(x)
+#define FLOAT_TO_ACT(x) float_to_bf16(x)
+#else
+#define ACT_TO_FLOAT(x) (x)
+#define FLOAT_TO_ACT(x) (x)
+#endif
+
+#ifdef KV_BF16
+#define ACT_TO_KV(x) float_to_bf16(ACT_TO_FLOAT(x))
+#elif defined(ACT_BF16)
+#define ACT_TO_KV(x) bf16_to_float(x)
+#else
+#define ACT_TO_KV(x) (x)
+#endif
+
+/* out[t, h] = (x1 * cos - x2 * sin, x2 * cos + x1 * sin) of x[t, h] = (x1, x2), with cos/sin [T, head_dim / 2] the
+ * rows of the tokens' positions. x's token rows are token_stride elements apart, its heads head_dim apart; out is
+ * contiguous [T, H, head_dim]. */
+void rotary(const act_t *x, int64_t token_stride, int64_t num_tokens, int64_t num_heads, int64_t head_dim,
+            const float *cos, const float *sin, act_t *out) {
+    const int64_t half = head_dim / 2;
+    for (int64_t t = 0; t < num_tokens; ++t) {
+        const float *c = cos + t * half, *s = sin + t * half;
+        for (int64_t h = 0; h < num_heads; ++h) {
+            const act_t *x1 = x + t * token_stride + h * head_dim, *x2 = x1 + half;
+            act_t *o1 = out + (t * num_heads + h) * head_dim, *o2 = o1 + half;
+            for (int64_t i = 0; i < half; ++i) {
+                const float a = ACT_TO_FLOAT(x1[i]), b = ACT_TO_FLOAT(x2[i]);
+                const float ac = a * c[i], bs = b * s[i], bc = b * c[i], as = a * s[i];
+                o1[i] = FLOAT_TO_ACT(ac - bs);
+                o2[i] = FLOAT_TO_ACT(bc + as);
+            }
+        }
+    }
+}
+
+/* k_cache[slot[t]] = k[t], v_cache[slot[t]] = v[t] (row_size = kv heads x head_dim elements each) for every token
+ * whose slot is >= 0. Returns 0, or -2 without writing anything if a slot is past the cache's num_slots. */
+int write_kv(const act_t *k, int64_t k_stride, const act_t *v, int64_t v_stride, int64_t num_tokens,
+             int64_t row_size, const int64_t *slots, kv_t *k_cache, kv_t *v_cache, int64_t num_slots) {
+    for (int64_t t = 0; t < num_tokens; ++t)
+        if (slots[t] >= num_slots) return -2;
+    for (int64_t t = 0; t < num_tokens; ++t) {
+        if (slots[t] < 0) continue;
+        const act_t *kt = k + t * k_stride, *vt = v + t * v_stride;
+        kv_t *kc = k_cache + slots[t] * row_size, *vc = v_cache + slots[t] * row_size;
+        for (int64_t i = 0; i < row_size; ++i) {
+            kc[i] = ACT_TO_KV(kt[i]);
+            vc[i] = ACT_TO_KV(vt[i]);
+        }
+    }
+    return 0;
+}

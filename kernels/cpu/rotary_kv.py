@@ -1,0 +1,108 @@
+"""The C rotary embedding and KV cache write of ``rotary_kv.c``, for float32 and bfloat16 tensors on CPU.
+
+Each returns None (rotary) or False (write_kv) where the C build is missing or a tensor's dtype or layout is not
+one it reads, and the caller runs its torch formulas: the results are the same bit for bit either way
+(tests/kernels/test_rotary_kv.py), only the number of ops differs.
+"""
+
+import ctypes
+
+import torch
+
+from kernels.cpu import native
+
+_TYPES = (torch.float32, torch.bfloat16)
+_P, _I = ctypes.c_void_p, ctypes.c_int64
+# (activations, KV cache) dtype -> the build's -D flags (vec8.h)
+_VARIANTS = {
+    (act, kv): tuple(f"{role}_BF16" for role, dtype in (("ACT", act), ("KV", kv)) if dtype == torch.bfloat16)
+    for act in _TYPES
+    for kv in _TYPES
+}
+
+
+def _library(act: torch.dtype, kv: torch.dtype):
+    """The build for activations ``act`` and a KV cache ``kv`` (both float32 or bfloat16), typed on first use.
+    ``native.load`` caches it (and says None while native kernels are off)."""
+    variant = _VARIANTS[act, kv]
+    library = native.load("rotary_kv", variant)
+    if library is not None and not getattr(library, "_typed", False):
+        library.rotary.restype = None
+        library.rotary.argtypes = [_P, _I, _I, _I, _I, _P, _P, _P]
+        library.write_kv.restype = ctypes.c_int
+        library.write_kv.argtypes = [_P, _I, _P, _I, _I, _I, _P, _P, _P, _I]
+        library._typed = True
+    return library
+
+
+def rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor | None:
+    """``engine.models.rotary.apply_rotary`` in one C call; None where it does not apply.
+
+    x: [T, H, D] on CPU, each token's heads contiguous (a view of the fused q/k/v output is); cos, sin:
+    [T, 1, D // 2] float32 rows. Few checks, each cheap: at a decode token they are most of the call's time."""
+    num_tokens, num_heads, head_dim = x.shape
+    half = head_dim // 2
+    table = (num_tokens, 1, half)
+    if (
+        x.dtype not in _TYPES
+        or x.stride()[1:] != (head_dim, 1)
+        or head_dim % 2
+        or cos.dtype != torch.float32
+        or sin.dtype != torch.float32
+        or cos.shape != table
+        or sin.shape != table
+        or cos.stride() != (half, half, 1)
+        or sin.stride() != (half, half, 1)
+    ):
+        return None
+    library = _library(x.dtype, x.dtype)
+    if library is None:
+        return None
+    out = torch.empty(x.shape, dtype=x.dtype)
+    library.rotary(
+        x.data_ptr(), x.stride(0), num_tokens, num_heads, head_dim, cos.data_ptr(), sin.data_ptr(), out.data_ptr()
+    )
+    return out
+
+
+def write_kv(
+    k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, slot_mapping: torch.Tensor
+) -> bool:
+    """``kernels.write_kv`` in one C call; False (nothing written) where it does not apply. IndexError for a slot
+    past the cache, as torch's ``index_copy_`` would refuse it."""
+    rows = k.shape[1:]
+    if (
+        k.dtype not in _TYPES
+        or v.dtype != k.dtype
+        or k_cache.dtype not in _TYPES
+        or v_cache.dtype != k_cache.dtype
+        or v.shape != k.shape
+        or k_cache.shape[2:] != rows
+        or v_cache.shape != k_cache.shape
+        or k.stride()[1:] != (rows[1], 1)
+        or v.stride()[1:] != (rows[1], 1)
+        or not (k_cache.is_contiguous() and v_cache.is_contiguous())
+        or slot_mapping.dtype != torch.int64
+        or slot_mapping.shape != k.shape[:1]
+        or slot_mapping.stride() != (1,)
+    ):
+        return False
+    library = _library(k.dtype, k_cache.dtype)
+    if library is None:
+        return False
+    num_slots = k_cache.shape[0] * k_cache.shape[1]
+    status = library.write_kv(
+        k.data_ptr(),
+        k.stride(0),
+        v.data_ptr(),
+        v.stride(0),
+        k.shape[0],
+        k.shape[1] * k.shape[2],
+        slot_mapping.data_ptr(),
+        k_cache.data_ptr(),
+        v_cache.data_ptr(),
+        num_slots,
+    )
+    if status != 0:
+        raise IndexError(f"write_kv: a slot in slot_mapping is past the cache's {num_slots} slots")
+    return True
