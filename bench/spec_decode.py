@@ -11,7 +11,7 @@ Workloads:
   (b) ``bench.throughput``'s offline workload (random-token prompts of 16-256 tokens, EOS ignored), all at once.
 Speculation: ``ngram`` k=4 (``prompt_lookup_max`` 4: 4-grams only, here as in vLLM, which gets the same dict),
 ``suffix`` k=5; engine defaults otherwise (``max_batch_size`` 32, ``min_acceptance_rate`` 0.25,
-``suffix_decoding_max_spec_factor`` 1).
+``suffix_decoding_max_spec_factor`` unset).
 
 Measured:
   * (a) through the server, streamed chat: one stream, then four streams (on other prompts of each set, so no

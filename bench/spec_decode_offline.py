@@ -32,6 +32,17 @@ def set_cut(llm: LLM, max_batch_size: int | None) -> None:
         spec.config = replace(spec.configured, max_batch_size=max_batch_size or spec.configured.max_batch_size)
 
 
+def set_batch(llm: LLM, batch: int) -> None:
+    """The scheduler's seats for the next runs, and the adapter policy's share of them: an adapter takes a slot
+    for a group of up to ``max_num_seqs // max_loras`` of its sequences, sized at start-up, and a group asking for
+    more seats than the batch has would never be admitted."""
+    scheduler = llm.llm_engine.scheduler
+    scheduler.max_num_seqs = batch
+    adapters = getattr(scheduler.admission, "inner", None)
+    if hasattr(adapters, "seat_share"):
+        adapters.seat_share = max(1, batch // adapters.slot_cache.num_slots)
+
+
 def spec_totals(llm: LLM) -> dict | None:
     spec = llm.llm_engine.stats().get("speculative")
     if not spec:
@@ -54,7 +65,7 @@ def chat_batch(llm: LLM, jobs: list[Job], batch: int, salt: str) -> dict:
     before and after."""
     lora = LoRARequest(ADAPTER_NAME, f"demo-{ADAPTER_NAME}", str(ADAPTERS / ADAPTER_NAME))
     prompts = chat_prompts(llm, jobs, salt)
-    llm.llm_engine.scheduler.max_num_seqs = batch
+    set_batch(llm, batch)
     before = spec_totals(llm)
     started = time.perf_counter()
     outputs = llm.generate(prompts, [SamplingParams(temperature=0, max_tokens=j.max_tokens) for j in jobs],
@@ -67,7 +78,7 @@ def chat_batch(llm: LLM, jobs: list[Job], batch: int, salt: str) -> dict:
 
 def generate_saturated(llm: LLM, prompts: list[list[int]], output_tokens: int) -> dict:
     """``bench.throughput``'s workload, everything at once (``max_num_seqs`` back at the engine's default)."""
-    llm.llm_engine.scheduler.max_num_seqs = llm.llm_engine.config.max_num_seqs
+    set_batch(llm, llm.llm_engine.config.max_num_seqs)
     before = spec_totals(llm)
     params = SamplingParams(temperature=0, max_tokens=output_tokens, ignore_eos=True)
     started = time.perf_counter()

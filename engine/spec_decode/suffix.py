@@ -7,8 +7,8 @@ caching uses: one tree per tenant and adapter version, so no tenant's text is ev
 adapter's habits (a JSON shape, a persona's phrases) are learnt from its own outputs only. The longest suffix of
 the context found in a trie is matched, and the draft follows the most frequent continuation while its share
 of the counts stays at least ``min_token_prob``; of the two tries the longer match wins. A draft is at most
-``max_spec_factor`` times as long as its match (SuffixDecoding's rule, vLLM's ``suffix_decoding_max_spec_factor``):
-a long match predicts a long copy, a two-token one little more than a token or two.
+``max_spec_factor`` times as long as its match when that is set (SuffixDecoding's rule, vLLM's
+``suffix_decoding_max_spec_factor``; see ``SpeculativeConfig`` for why it is off by default here).
 
 Memory is bounded: each trie is cut at ``max_depth`` tokens; scope trees are kept least recently used first
 within ``max_tree_nodes`` nodes in all (about 120 bytes each), and a tree past ``max_nodes_per_tree`` stops
@@ -96,7 +96,7 @@ class SuffixTrie:
 
 class SuffixProposer:
     def __init__(self, num_speculative_tokens: int, *, max_depth: int = 32, min_token_prob: float = 0.1,
-                 min_match: int = 2, max_spec_factor: float = 1.0, max_tree_nodes: int = 4_000_000,
+                 min_match: int = 2, max_spec_factor: float | None = None, max_tree_nodes: int = 4_000_000,
                  max_nodes_per_tree: int = 500_000):
         self.k = num_speculative_tokens
         self.max_depth = max_depth
@@ -151,7 +151,8 @@ class SuffixProposer:
                 best_length, best_node = length, node
         if best_node is None or best_length < self.min_match or k <= 0:
             return []
-        k = min(k, max(1, int(self.max_spec_factor * best_length)))
+        if self.max_spec_factor is not None:
+            k = min(k, max(1, int(self.max_spec_factor * best_length)))
         return SuffixTrie.continuation(best_node, k, self.min_token_prob)
 
     def stats(self) -> dict:

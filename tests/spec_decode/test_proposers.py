@@ -32,15 +32,15 @@ def test_ngram_refuses_bad_bounds():
 def test_a_sequence_trie_drafts_from_its_own_earlier_text_as_it_grows():
     proposer = SuffixProposer(4)
     own = proposer.new_sequence_trie([7, 8, 9, 10, 11, 7, 8])
-    assert proposer.propose([7, 8, 9, 10, 11, 7, 8], own, scope="t") == [9, 10]  # a 2-token match: 2 drafted
+    assert proposer.propose([7, 8, 9, 10, 11, 7, 8], own, scope="t") == [9, 10, 11, 7]
     own.append(9)
-    assert proposer.propose([7, 8, 9, 10, 11, 7, 8, 9], own, scope="t") == [10, 11, 7]
+    assert proposer.propose([7, 8, 9, 10, 11, 7, 8, 9], own, scope="t") == [10, 11, 7, 8]
 
 
 def test_scope_trees_are_learnt_per_scope_and_never_shared():
     proposer = SuffixProposer(4)
     proposer.learn(("salt-a", "adapter-1"), [5, 6, 7, 8, 1, 2])
-    assert proposer.propose([3, 5, 6], None, ("salt-a", "adapter-1")) == [7, 8]
+    assert proposer.propose([3, 5, 6], None, ("salt-a", "adapter-1")) == [7, 8, 1, 2]
     assert proposer.propose([3, 5, 6], None, ("salt-b", "adapter-1")) == []  # another tenant: nothing
     assert proposer.propose([3, 5, 6], None, ("salt-a", "adapter-2")) == []  # another adapter version
 
@@ -61,7 +61,7 @@ def test_the_draft_follows_the_most_frequent_continuation_while_it_is_likely_eno
 
 def test_a_draft_is_at_most_max_spec_factor_times_its_match():
     text = list(range(20, 40))
-    for factor, match, expected in ((1.0, 3, 3), (0.5, 3, 1), (2.0, 3, 6), (1.0, 8, 8), (0.5, 8, 4)):
+    for factor, match, expected in ((1.0, 3, 3), (0.5, 3, 1), (2.0, 3, 6), (1.0, 8, 8), (0.5, 8, 4), (None, 2, 8)):
         proposer = SuffixProposer(8, max_spec_factor=factor)
         proposer.learn("s", text)
         assert proposer.propose([1, *text[:match]], None, "s") == text[match:match + expected], (factor, match)
