@@ -4,7 +4,7 @@
 Every sequence of the batch is constrained by one JSON Schema of moderate size (8 typed fields, an enum, a nested
 array of objects) and replays a valid document chosen by a masked random walk. Per step it times the batch mask
 fill (``fill_bitmask_batch``), the mask applied to [batch, 49152] fp32 logits (``apply_bitmask``: the same
-xgrammar kernel for both backends) and each matcher's ``accept_token``. Compile time is timed cold (a fresh
+C pass for both backends) and each matcher's ``accept_token``. Compile time is timed cold (a fresh
 cache) and cached. Each figure is the median of ``--repeats`` runs with its min-max spread; other jobs share
 the cores, so the figures are indicative. Writes ``bench/results/structured_masks.json``.
 """
