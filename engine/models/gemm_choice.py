@@ -12,7 +12,7 @@ second copy of its weights.
 The choice is cached in ``$ENGINE_GEMM_CACHE_DIR`` (default ``~/.cache/lora-platform/gemm``) under a key made of
 the CPU model and its GEMM-relevant flags, the torch version, the thread count, the dtype, the paths and the
 shapes with their weight formats, so a restart reads it instead of timing again; a choice timed on a busy machine
-is not cached.
+is not cached, and keeps only each projection's majority path (its band-by-band differences are noise then).
 """
 
 import hashlib
@@ -149,15 +149,19 @@ def _cached_or_measured(groups: list[GemmGroup], dtype: torch.dtype):
     gflops, packed = {}, {}
     for group in groups:
         gflops[group.name], packed[group.name] = _time_group(group, dtype)
-    bands = {name: _pick(table) for name, table in gflops.items()}
     seconds = time.perf_counter() - start
-    choice = GemmChoice(dtype, "auto", "measured", bands, gflops, seconds, str(path))
     share = (time.process_time() - cpu_start) / (seconds * torch.get_num_threads())
     if share < _MIN_CPU_SHARE:
+        # A busy timing's band-by-band differences are mostly noise (at M = 1 under load, F.linear won some bands
+        # in four of five start-ups although oneDNN's prepacked GEMV took 7.1 ms a step against its 18.9 quiet):
+        # only its majority is trusted, one path per projection.
         logger.warning("other work held the cores while the GEMMs were timed (%.0f%% of %d threads' time was "
-                       "ours): the choice serves this run only, the next start times again", 100 * share,
-                       torch.get_num_threads())
-        return choice, packed
+                       "ours): each projection takes the path that won most of its bands, for this run only; the "
+                       "next start times again", 100 * share, torch.get_num_threads())
+        bands = {name: _majority(table) for name, table in gflops.items()}
+        return GemmChoice(dtype, "auto", "measured", bands, gflops, seconds, str(path)), packed
+    bands = {name: _pick(table) for name, table in gflops.items()}
+    choice = GemmChoice(dtype, "auto", "measured", bands, gflops, seconds, str(path))
     _write_cache(path, {"key": key, "bands": bands, "gflops": gflops, "seconds": seconds, "cpu_share": share})
     return choice, packed
 
@@ -192,6 +196,13 @@ def _fastest_calls(paths: tuple[str, ...], operands: dict[str, list], biases: li
             best[name], spent = min(best[name], elapsed), spent + elapsed
         rounds += 1
     return best
+
+
+def _majority(table: dict[str, list]) -> list[tuple[int, str]]:
+    """One band: the path that is fastest at most of the table's token counts."""
+    paths = [name for name in table if name != "tokens"]
+    winners = [max(paths, key=lambda name: table[name][i]) for i in range(len(table["tokens"]))]
+    return [(table["tokens"][-1], Counter(winners).most_common(1)[0][0])]
 
 
 def _pick(table: dict[str, list]) -> list[tuple[int, str]]:

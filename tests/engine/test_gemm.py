@@ -148,6 +148,25 @@ def test_a_choice_timed_on_a_busy_machine_serves_its_run_and_is_not_cached(tiny_
     assert not list(gemm_cache.iterdir()) and "the next start times again" in caplog.text
 
 
+@needs_onednn
+def test_a_busy_timing_keeps_each_projections_majority_path_only(tiny_llama, gemm_cache, monkeypatch):
+    """Under load a band's winner is noise: one path per projection, the one that won most of its bands."""
+    def timed(group, dtype):  # oneDNN fastest everywhere but at M = 1, where the load made torch look faster
+        tokens = group.token_counts()
+        table = {"tokens": tokens, "torch": [50.0 if m == 1 else 10.0 for m in tokens],
+                 "onednn": [20.0 for _ in tokens]}
+        return table, {name: [PATHS[name].pack(p.gemm_weight) for p in group.projections] for name in group.paths}
+
+    monkeypatch.setattr(gemm_choice, "_time_group", timed)
+    monkeypatch.setattr(gemm_choice, "_MIN_CPU_SHARE", 2.0)  # always busy
+    busy = LLM(str(tiny_llama), dtype="float32", num_kv_blocks=64, block_size=4, max_num_batched_tokens=16)
+    bands = busy.llm_engine.stats()["gemm"]["bands"]
+    assert all([band["path"] for band in value] == ["onednn"] for value in bands.values()), bands
+    monkeypatch.setattr(gemm_choice, "_MIN_CPU_SHARE", 0.0)  # quiet: the bands stand as timed
+    quiet = LLM(str(tiny_llama), dtype="float32", num_kv_blocks=64, block_size=4, max_num_batched_tokens=16)
+    assert quiet.llm_engine.stats()["gemm"]["bands"]["o_proj"][0] == {"max_tokens": 1, "path": "torch"}
+
+
 @pytest.mark.parametrize("variant", ["tiny_llama", "tiny_llama_tied_bias"])  # the tied lm_head keeps the embedding
 def test_a_fixed_path_does_no_timing(variant, request, gemm_cache, monkeypatch):
     folder = request.getfixturevalue(variant)
