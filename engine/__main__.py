@@ -1,4 +1,5 @@
-"""``python -m engine serve MODEL ...``: the engine's OpenAI-compatible server (see engine/server/cli.py)."""
+"""``python -m engine serve MODEL ...``: the engine's OpenAI-compatible server; ``python -m engine worker MODEL
+...``: another node's tensor-parallel ranks (see engine/server/cli.py)."""
 
 import sys
 

@@ -75,11 +75,16 @@ class EngineConfig:
     # Tensor parallelism (engine.distributed): the model split over this many ranks, rank 0 this process and the
     # others spawned by it. ``distributed_init``: torch.distributed's init method ("tcp://host:port"; None: a free
     # loopback port). A collective waiting longer than ``distributed_timeout_s`` fails and ends the engine.
-    # ``num_threads_per_rank``: torch threads of each rank when the size is above 1 (None: the CPUs / the size).
+    # ``num_threads_per_rank``: torch threads of each rank when the size is above 1 (None: the CPUs / the ranks of
+    # its node). ``nnodes`` > 1: the ranks span that many machines, ``tensor_parallel_size / nnodes`` each; this
+    # process is node 0, the others run ``python -m engine worker`` and meet it at ``distributed_init`` (tcp://
+    # or env://) within ``distributed_start_timeout_s`` (engine.distributed.rendezvous).
     tensor_parallel_size: int = 1
     distributed_init: str | None = None
     distributed_timeout_s: float = 60.0
     num_threads_per_rank: int | None = None
+    nnodes: int = 1
+    distributed_start_timeout_s: float = 300.0
 
     def __post_init__(self):
         if not isinstance(self.model, str | Path) or not str(self.model):
@@ -149,9 +154,19 @@ class EngineConfig:
         if init is not None and (not isinstance(init, str) or not init.startswith(("tcp://", "env://", "file://"))):
             raise ValueError(f"distributed_init must be a torch.distributed init method (tcp://host:port, env://, "
                              f"file://path), got {init!r}")
-        timeout = self.distributed_timeout_s
-        if isinstance(timeout, bool) or not isinstance(timeout, int | float) or not timeout > 0:
-            raise ValueError(f"distributed_timeout_s must be positive seconds, got {timeout!r}")
+        for name in ("distributed_timeout_s", "distributed_start_timeout_s"):
+            timeout = getattr(self, name)
+            if isinstance(timeout, bool) or not isinstance(timeout, int | float) or not timeout > 0:
+                raise ValueError(f"{name} must be positive seconds, got {timeout!r}")
+        nnodes = self.nnodes
+        if type(nnodes) is not int or nnodes < 1:
+            raise ValueError(f"nnodes must be a positive int, got {nnodes!r}")
+        if size % nnodes:
+            raise ValueError(f"tensor_parallel_size {size} does not divide by nnodes {nnodes}: every node runs "
+                             "tensor_parallel_size / nnodes ranks")
+        if nnodes > 1 and (init is None or not init.startswith(("tcp://", "env://"))):
+            raise ValueError(f"nnodes {nnodes} needs distributed_init tcp://HOST:PORT (HOST: an address of this "
+                             f"node the others reach) or env:// (MASTER_ADDR, MASTER_PORT), got {init!r}")
         threads = self.num_threads_per_rank
         if threads is not None and (type(threads) is not int or threads < 1):
             raise ValueError(f"num_threads_per_rank must be a positive int or None, got {threads!r}")

@@ -25,7 +25,9 @@ class LLM:
     ``enable_prefix_caching``, ``dtype``, ``kv_cache_dtype``, ``gemm``, ``quantization``, ``device``, ``seed``,
     ...). ``dtype="auto"`` is bf16 on CPUs with native bf16 dot products and on CUDA, else fp32;
     ``quantization="int8"`` quantizes the decoder's projections at load (CPU). ``tensor_parallel_size=N`` splits
-    the model over N processes (this one and N - 1 it spawns, ``engine.distributed``); :meth:`shutdown` stops them.
+    the model over N processes (this one and N - 1 it spawns, ``engine.distributed``; with ``nnodes=K`` and
+    ``distributed_init="tcp://HOST:PORT"`` N / K of them here, the rest from ``python -m engine worker`` on the other
+    nodes); :meth:`shutdown` stops them.
     """
 
     def __init__(self, model: str, **engine_kwargs):

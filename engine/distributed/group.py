@@ -8,6 +8,8 @@ Three process groups, created in the same order on every rank:
   * ``idle_group``: gloo for the step message a worker waits for between steps, with no practical timeout: an idle
     engine sends nothing, and a worker must not give up on it. A dead peer still ends that wait at once (its
     connection closes).
+A multi-node group (``store`` given) has a fourth, ``keepalive_group`` (gloo, the configured timeout), for the
+beats of engine.distributed.keepalive: a rank 0 whose machine vanishes closes no connection.
 """
 
 import time
@@ -22,7 +24,9 @@ _IDLE_TIMEOUT = timedelta(days=3650)
 
 
 class TensorParallelGroup:
-    def __init__(self, shard: ModelShard, device: torch.device, *, init_method: str, timeout_s: float):
+    def __init__(self, shard: ModelShard, device: torch.device, *, init_method: str, timeout_s: float, store=None):
+        """``store``: the multi-node rendezvous's ``TCPStore`` (engine.distributed.rendezvous), the groups made on
+        it, keep-alive group included; None: torch.distributed's own rendezvous at ``init_method``."""
         if dist.is_initialized():
             raise RuntimeError(
                 "torch.distributed is already initialized in this process: one tensor-parallel "
@@ -31,13 +35,14 @@ class TensorParallelGroup:
         self.shard, self.device = shard, device
         backend = "nccl" if device.type == "cuda" else "gloo"
         timeout = timedelta(seconds=timeout_s)
-        dist.init_process_group(
-            backend, init_method=init_method, rank=shard.rank, world_size=shard.size, timeout=timeout
-        )
+        rendezvous = {"store": store} if store is not None else {"init_method": init_method}
+        dist.init_process_group(backend, **rendezvous, rank=shard.rank, world_size=shard.size, timeout=timeout)
         self.backend = backend
         self.device_group = dist.group.WORLD
         self.cpu_group = dist.new_group(backend="gloo", timeout=timeout) if backend != "gloo" else self.device_group
         self.idle_group = dist.new_group(backend="gloo", timeout=_IDLE_TIMEOUT)
+        self.keepalive_group = dist.new_group(backend="gloo", timeout=timeout) if store is not None else None
+        self.timeout_s = timeout_s
         self.seconds = {"all_reduce": 0.0, "gather": 0.0, "broadcast": 0.0}
         self.counts = {"all_reduce": 0, "gather": 0, "broadcast": 0, "broadcast_bytes": 0}
 

@@ -1,4 +1,5 @@
-"""The ``serve`` command, shaped like ``vllm serve``: load the model once, then serve HTTP until SIGTERM."""
+"""The ``serve`` command, shaped like ``vllm serve``: load the model once, then serve HTTP until SIGTERM; and the
+``worker`` command: the tensor-parallel ranks of another node of a multi-node ``serve``."""
 
 import argparse
 import logging
@@ -59,17 +60,66 @@ def build_parser() -> argparse.ArgumentParser:
                              '"num_speculative_tokens": 4}\' or "method": "suffix" (engine/spec_decode)')
     engine.add_argument("--tensor-parallel-size", type=int, default=1, metavar="N",
                         help="split the model over N ranks on torch.distributed (gloo on CPU, NCCL on CUDA): this "
-                             "process and N - 1 workers it spawns")
-    engine.add_argument("--distributed-init", default=None, metavar="URL",
-                        help="torch.distributed init method of the ranks' rendezvous, as torchrun takes it "
-                             "(tcp://host:port); default: a free loopback port")
+                             "process and the N / NNODES - 1 workers it spawns; the other nodes' ranks come from "
+                             "`python -m engine worker` there")
+    engine.add_argument("--nnodes", type=int, default=_env_int("NNODES", 1), metavar="K",
+                        help="machines the N ranks span (N / K each), this one node 0; default $NNODES, else 1")
+    _add_rendezvous_flags(engine, "default: a free loopback port (one node); with --nnodes above 1 "
+                                  "env:// if $MASTER_ADDR is set")
     lora = serve.add_argument_group("LoRA")
     lora.add_argument("--enable-lora", action="store_true", default=True, help="serve adapters (the default)")
     lora.add_argument("--no-enable-lora", dest="enable_lora", action="store_false", help="serve the base model only")
     lora.add_argument("--max-loras", type=int, default=8, help="adapter slots on the device")
     lora.add_argument("--max-cpu-loras", type=int, default=64, help="adapters kept in host memory")
     lora.add_argument("--max-lora-rank", type=int, default=64)
+    add_worker_parser(sub)
     return parser
+
+
+def _add_rendezvous_flags(group, init_default: str) -> None:
+    group.add_argument("--distributed-init", default=None, metavar="URL",
+                       help="the ranks' rendezvous, as torchrun takes it: tcp://HOST:PORT (HOST: node 0's address, "
+                            "which hosts it) or env:// ($MASTER_ADDR, $MASTER_PORT); " + init_default)
+    group.add_argument("--distributed-start-timeout", type=float, default=300.0, metavar="SECONDS",
+                       help="how long the rendezvous waits for every node's ranks (a node that never comes fails "
+                            "start-up after it)")
+
+
+def add_worker_parser(sub) -> None:
+    worker = sub.add_parser(
+        "worker", help="run this node's tensor-parallel ranks of a multi-node `serve` (node rank 1 or more)",
+        description="Join the rendezvous of `python -m engine serve MODEL --tensor-parallel-size N --nnodes K "
+                    "--distributed-init URL` (node 0) and run ranks R*N/K .. (R+1)*N/K-1 until it stops. Every "
+                    "engine setting (dtype, KV cache sizing, max model len, LoRA slots, seed...) comes from node 0 "
+                    "at the rendezvous: this node needs only the same model (its config.json is checked).")
+    worker.add_argument("model", help="the model on this node: a known model name or an HF folder")
+    worker.add_argument("--tensor-parallel-size", type=int, required=True, metavar="N", help="node 0's N")
+    worker.add_argument("--nnodes", type=int, default=_env_int("NNODES", None), required="NNODES" not in os.environ,
+                        metavar="K", help="node 0's K; default $NNODES")
+    worker.add_argument("--node-rank", type=int, default=_env_int("NODE_RANK", None),
+                        required="NODE_RANK" not in os.environ, metavar="R",
+                        help="this node's rank, 1..K-1; default $NODE_RANK")
+    _add_rendezvous_flags(worker, "default: env:// if $MASTER_ADDR is set")
+    worker.add_argument("--num-threads-per-rank", type=int, default=None, metavar="T",
+                        help="torch threads of each rank here (default: node 0's setting, else this node's CPUs / "
+                             "its ranks)")
+
+
+def _env_int(name: str, default: int | None) -> int | None:
+    value = os.environ.get(name)
+    if value is None:
+        return default
+    try:
+        return int(value)
+    except ValueError:
+        raise SystemExit(f"${name} must be an integer, got {value!r}") from None
+
+
+def distributed_init(args: argparse.Namespace) -> str | None:
+    """The rendezvous URL: the flag, else env:// for a multi-node group where torchrun's $MASTER_ADDR is set."""
+    if args.distributed_init is None and args.nnodes > 1 and os.environ.get("MASTER_ADDR"):
+        return "env://"
+    return args.distributed_init
 
 
 def _json_object(text: str) -> dict:
@@ -94,7 +144,8 @@ def engine_kwargs(args: argparse.Namespace) -> dict:
         "device": args.device, "seed": args.seed,
         "structured_outputs_compile_timeout": args.structured_outputs_compile_timeout,
         "speculative_config": args.speculative_config,
-        "tensor_parallel_size": args.tensor_parallel_size, "distributed_init": args.distributed_init,
+        "tensor_parallel_size": args.tensor_parallel_size, "distributed_init": distributed_init(args),
+        "nnodes": args.nnodes, "distributed_start_timeout_s": args.distributed_start_timeout,
     }
     if args.enable_lora:
         sources = [s.strip() for s in args.adapter_sources.split(",") if s.strip()]
@@ -146,11 +197,37 @@ def serve(args: argparse.Namespace) -> int:
     return 0
 
 
+def worker(args: argparse.Namespace) -> int:
+    """Run this node's ranks until node 0 stops them (0); 1 when the rendezvous or the group fails (node 0 gone)."""
+    from engine.distributed.worker import NodeSpec, run_node
+    from engine.llm_engine import resolve_model_folder
+
+    init = distributed_init(args)
+    if init is None:
+        raise SystemExit("worker needs --distributed-init tcp://HOST:PORT (node 0's) or $MASTER_ADDR/$MASTER_PORT")
+    try:
+        spec = NodeSpec(resolve_model_folder(args.model), args.node_rank, args.tensor_parallel_size, args.nnodes,
+                        init, args.distributed_start_timeout, args.num_threads_per_rank)
+    except ValueError as exc:
+        raise SystemExit(str(exc)) from None
+    try:
+        run_node(spec)
+    except RuntimeError as exc:  # RendezvousError, or a collective failing: node 0 (or a rank) went away
+        logger.error("node %d: %s", args.node_rank, exc)
+        return 1
+    logger.info("node %d: stopped by rank 0", args.node_rank)
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
     args = build_parser().parse_args(argv)
     if args.command == "serve":
+        if _env_int("NODE_RANK", 0) != 0:
+            raise SystemExit("$NODE_RANK is not 0: `serve` is node 0; start the other nodes with `engine worker`")
         return serve(args)
+    if args.command == "worker":
+        return worker(args)
     return 2
 
 
