@@ -10,6 +10,9 @@ One server (``python -m engine serve``, a child process, ``--max-num-seqs`` seat
      here two fixed strings): the light tenant's TTFT against step 2 (target: p99 within 1.5x), the service each
      tenant got (weighted tokens, as the engine counts them, from ``/stats``), total output tok/s;
   4. the same arrivals without keys (first come, first served): what fairness changed.
+Each run also reports the engine's mean step time and output tokens per step (from ``/metrics``): the first is what
+one step of waiting costs, which the batch size and CPU contention move (``python -m bench.fairness_steps`` counts
+the waits in steps instead); the second is the throughput the schedule gives, which contention does not move.
 Every request has a 64-128 token prompt of random ids (fresh ids each run, so no run reads another's prefix cache)
 and 32 greedy output tokens (EOS ignored). The load client
 shares the two cores with the server: the figures compare with each other, not with another run's.
@@ -70,12 +73,25 @@ def arrivals(rate: float, seconds: float, seed: int) -> list[float]:
         out.append(t)
 
 
+async def step_totals(http: httpx.AsyncClient) -> tuple[float, int]:
+    """The server's engine steps so far: (seconds, count), from ``/metrics``."""
+    totals = {}
+    for line in (await http.get("/metrics")).text.splitlines():
+        name, _, value = line.partition(" ")
+        if name in ("engine_step_seconds_sum", "engine_step_seconds_count"):
+            totals[name] = float(value)
+    return totals["engine_step_seconds_sum"], int(totals["engine_step_seconds_count"])
+
+
 async def run(url: str, plan: list[tuple[float, str, list[int]]], keyed: bool) -> dict:
-    """``plan``: (arrival s, tenant, prompt) in time order. Per tenant: TTFT percentiles, ok/failed, tok/s."""
+    """``plan``: (arrival s, tenant, prompt) in time order. Per tenant: TTFT percentiles, ok/failed, tok/s; the
+    engine's mean step time and output tokens per step over the run (a wait of one step costs the former, which CPU
+    contention moves; the latter is the throughput the scheduler decides, which it does not)."""
     headers = {"Authorization": f"Bearer {API_KEY}"}
     limits = httpx.Limits(max_connections=len(plan) + 8)
     started = time.perf_counter()
     async with httpx.AsyncClient(base_url=url, headers=headers, timeout=1200, limits=limits) as http:
+        steps_before = await step_totals(http)
         tasks = []
         for at, tenant, ids in plan:
             delay = at - (time.perf_counter() - started)
@@ -84,8 +100,13 @@ async def run(url: str, plan: list[tuple[float, str, list[int]]], keyed: bool) -
             tasks.append((tenant, asyncio.create_task(one(http, ids, tenant if keyed else None))))
         results = [(tenant, await task) for tenant, task in tasks]
         stats = (await http.get("/stats")).json()
+        steps_after = await step_totals(http)
     duration = time.perf_counter() - started
-    out = {"duration_s": duration, "output_tok_s": sum(r.output_tokens for _, r in results) / duration,
+    step_s, num_steps = steps_after[0] - steps_before[0], steps_after[1] - steps_before[1]
+    output_tokens = sum(r.output_tokens for _, r in results)
+    out = {"duration_s": duration, "output_tok_s": output_tokens / duration,
+           "mean_step_ms": 1000 * step_s / num_steps if num_steps else None,
+           "output_tokens_per_step": output_tokens / num_steps if num_steps else None,
            "fairness": stats.get("fairness")}
     for tenant in (LIGHT, HEAVY):
         mine = [r for t, r in results if t == tenant]
@@ -162,7 +183,8 @@ def main(argv: list[str] | None = None) -> int:
     p99 = {name: r[LIGHT]["ttft_ms"]["p99"] for name, r in (("alone", alone), ("fair", fair), ("fcfs", fcfs))}
     ratios = {"light_p99_ttft_fair_over_alone": p99["fair"] / p99["alone"] if p99["alone"] else None,
               "light_p99_ttft_fcfs_over_alone": p99["fcfs"] / p99["alone"] if p99["alone"] else None,
-              "throughput_fair_over_fcfs": fair["output_tok_s"] / fcfs["output_tok_s"]}
+              "throughput_fair_over_fcfs": fair["output_tok_s"] / fcfs["output_tok_s"],
+              "output_per_step_fair_over_fcfs": fair["output_tokens_per_step"] / fcfs["output_tokens_per_step"]}
     report = {"cpu": os.cpu_count(), "model": model, "seconds": seconds, "max_num_seqs": args.max_num_seqs,
               "capacity_req_s": cap, "light_rate": light_rate, "alone": alone, "fair": fair, "fcfs": fcfs,
               "ratios": ratios}
@@ -170,7 +192,9 @@ def main(argv: list[str] | None = None) -> int:
     path.write_text(json.dumps(report, indent=2))
     for name, r in (("alone", alone), ("fair", fair), ("fcfs", fcfs)):
         print(f"{name:5}: light TTFT p50 {r[LIGHT]['ttft_ms']['p50']:.0f} ms p99 {r[LIGHT]['ttft_ms']['p99']:.0f} ms;"
-              f" heavy failed {r[HEAVY]['failed']}; {r['output_tok_s']:.1f} tok/s")
+              f" heavy failed {r[HEAVY]['failed']}; {r['output_tok_s']:.1f} tok/s;"
+              f" mean step {r['mean_step_ms']:.1f} ms, {r['output_tokens_per_step']:.2f} output tokens a step;"
+              f" fairness preemptions {(r['fairness'] or {}).get('preemptions')}")
     print(json.dumps(ratios), flush=True)
     print(f"wrote {path}")
     return 0

@@ -14,13 +14,26 @@ A key that was idle (nothing waiting or running) rejoins at ``max(its counter, t
 idling banks no credit. When nobody is backlogged the floor is the greatest counter, so the next keys to arrive
 start even.
 
-Running sequences are preempted for fairness only past a stated imbalance, when the batch has no seat or blocks
-for the least-served waiting key: its counter is more than ``preempt_threshold`` weighted tokens below a running
-key's, or it holds no seat at all while a key no less served holds two or more (a tenant arriving at a batch full
-of another's requests waits one step, not for a seat to free), or an ``interactive`` sequence waits behind
-``batch`` ones. The victim ran at least ``min_run_steps`` steps: one victim per step, the newest sequence of the
-most-served running key (the one holding most seats, for a seatless key). A preempted sequence keeps its key's
-counter; its recompute is charged like any prefill, and mostly hits its own blocks in the prefix cache.
+Waiting keys tied on the counter (a key rejoining is lifted to exactly the least backlogged counter) go by the
+seats they hold over their weight, fewest first, then by the inner policy's order.
+
+Running sequences are preempted for fairness only when the batch has no seat or blocks for the least-served
+waiting key, and only past a stated imbalance:
+
+- *seat leveling*: a running key no less served holds more seats over its weight than the waiting key would with
+  one more (``(seats - 1) / weight >= (its seats + 1) / its weight``). A light tenant whose request arrives at a
+  batch full of a heavy tenant's gets a seat at the next step instead of waiting for one to free. A seat only
+  moves from a key that, after the move, still holds at least as many weighted seats as the one it went to, so the
+  reverse move is never allowed and two keys cannot trade a seat back and forth (each such preemption lowers the
+  sum over keys of seats squared over weight).
+- *counter gap*: the waiting key's counter is more than ``preempt_threshold`` weighted tokens below a running
+  key's (it waits for lack of blocks, or with weights that seat leveling does not see).
+- *priority*: an ``interactive`` sequence waits behind ``batch`` ones.
+
+The victim ran at least ``min_run_steps`` steps since it was last admitted, one victim per step: the newest
+sequence of the running key holding the most seats over its weight (then the most served). A preempted
+sequence keeps its key's counter; its recompute is charged like any prefill, and mostly hits its own blocks in
+the prefix cache.
 
 With no keys and one priority (every request unkeyed and ``interactive``), the inner policy's order is kept as is:
 today's behaviour. Keys are opaque strings; ``/stats`` shows their counters, never a tenant's name.
@@ -87,7 +100,7 @@ class VirtualTokenCounter:
 
 class FairAdmission:
     """Wraps an admission policy (first come first served, or the adapters' one): its decisions and hooks stand,
-    the order it gives is regrouped by (priority, counter). See the module docstring."""
+    the order it gives is regrouped by (priority, counter, weighted seats). See the module docstring."""
 
     def __init__(self, inner=None, *, preempt_threshold: float = 8192.0, min_run_steps: int = 16):
         self.inner = inner or FirstComeFirstServed()
@@ -95,7 +108,8 @@ class FairAdmission:
         self.preempt_threshold = preempt_threshold
         self.min_run_steps = min_run_steps
         self.num_fair_preemptions = 0
-        self._admitted_step: dict[int, int] = {}  # id(seq) -> the step it was last admitted at
+        self.seats: dict[str | None, int] = {}  # key -> its running sequences (only keys with some)
+        self._admitted_step: dict[int, int] = {}  # id(seq) -> the step it was admitted at, while it runs
 
     # ---- what the engine tells it
     def join(self, seq: Sequence) -> None:
@@ -103,7 +117,6 @@ class FairAdmission:
 
     def leave(self, seq: Sequence) -> None:
         self.vtc.leave(seq.fair_share.key)
-        self._admitted_step.pop(id(seq), None)
 
     def account(self, seqs: Iterable[Sequence], num_new_tokens: Iterable[int]) -> None:
         """Charge a scheduled step: each sequence's prompt (or recompute) tokens and its generated token."""
@@ -112,6 +125,11 @@ class FairAdmission:
             total = seq.num_computed_tokens + num_new  # before the scheduler's update
             generated = 1 if total >= seq.num_tokens else 0  # this step samples a token for it
             self.vtc.charge(share.key, share.weight, num_new - generated, generated)
+
+    def _rank(self, share: FairShare, extra_cost: float = 0.0) -> tuple[int, float, float]:
+        """Who goes first between waiting keys: (priority, counter, seats held over the weight), lowest first."""
+        counter = self.vtc.counters.get(share.key, 0.0) + extra_cost
+        return share.priority, counter, self.seats.get(share.key, 0) / share.weight
 
     # ---- the admission policy interface
     def order(self, waiting: Iterable[Sequence], step: int) -> Iterable[Sequence]:
@@ -125,22 +143,20 @@ class FairAdmission:
         return self._fair_order(queues)
 
     def _fair_order(self, queues: dict[tuple[int, str | None], list[Sequence]]) -> Iterator[Sequence]:
-        # (priority, counter so far this step, first position in the inner order) per key; popped lowest first
-        position = {}
-        heap = []
-        for rank, ((priority, key), seqs) in enumerate(queues.items()):
-            position[key] = 0
-            heap.append((priority, self.vtc.counters.get(key, 0.0), rank, key, seqs))
+        # (rank so far this step, first position in the inner order, next index, queue); popped lowest first
+        heap = [(self._rank(seqs[0].fair_share), position, 0, seqs) for position, seqs in enumerate(queues.values())]
         heapq.heapify(heap)
+        charged: dict[str | None, float] = {}  # key -> prompt cost of its sequences admitted so far this step
         while heap:
-            priority, counter, rank, key, seqs = heapq.heappop(heap)
-            seq = seqs[position[key]]
-            position[key] += 1
+            _, position, index, seqs = heapq.heappop(heap)
+            seq = seqs[index]
             yield seq
-            if seq.status is SequenceStatus.RUNNING:  # admitted: the rest of this step sees its prompt's cost
-                counter += self.vtc.cost(seq.fair_share, seq.num_tokens - seq.num_cached_tokens)
-            if position[key] < len(seqs):
-                heapq.heappush(heap, (priority, counter, rank, key, seqs))
+            share = seq.fair_share
+            if seq.status is SequenceStatus.RUNNING:  # admitted: the rest of this step sees its cost and its seat
+                charged[share.key] = charged.get(share.key, 0.0) + self.vtc.cost(
+                    share, seq.num_tokens - seq.num_cached_tokens)
+            if index + 1 < len(seqs):
+                heapq.heappush(heap, (self._rank(share, charged.get(share.key, 0.0)), position, index + 1, seqs))
 
     def decide(self, seq: Sequence, step: int, free_seats: int) -> Decision:
         return self.inner.decide(seq, step, free_seats)
@@ -153,48 +169,55 @@ class FairAdmission:
 
     def admitted(self, seq: Sequence, step: int) -> None:
         self._admitted_step[id(seq)] = step
+        key = seq.fair_share.key
+        self.seats[key] = self.seats.get(key, 0) + 1
 
     def release(self, seq: Sequence) -> None:
         self.inner.release(seq)
+        if self._admitted_step.pop(id(seq), None) is None:  # it was waiting (finished or aborted there)
+            return
+        key = seq.fair_share.key
+        left = self.seats[key] - 1
+        if left:
+            self.seats[key] = left
+        else:
+            del self.seats[key]
 
     def check_invariants(self, running: list[Sequence]) -> None:
         self.inner.check_invariants(running)
-        backlog: dict = {}
+        seats: dict = {}
         for seq in running:
-            backlog[seq.fair_share.key] = backlog.get(seq.fair_share.key, 0) + 1
-        for key, count in backlog.items():
+            seats[seq.fair_share.key] = seats.get(seq.fair_share.key, 0) + 1
+        assert seats == self.seats, f"seats by key {self.seats} but {seats} running"
+        for key, count in seats.items():
             assert self.vtc.backlog.get(key, 0) >= count, f"fairness key {key!r} runs more than it has queued"
 
     # ---- preemption for fairness
     def victim(self, running: list[Sequence], waiting: Iterable[Sequence], step: int) -> Sequence | None:
-        """The running sequence to preempt so a much less served (or higher priority) waiting key gets in, or
-        None. Called only when the batch has no room for the waiting."""
+        """The running sequence to preempt so the least-served waiting key gets in (seat leveling, counter gap
+        or priority: see the module docstring), or None. Called only when the batch has no room for the waiting."""
         candidates = list(waiting)
         if not candidates or not running:
             return None
-        counters = self.vtc.counters
-        best = min(candidates, key=lambda s: (s.fair_share.priority, counters.get(s.fair_share.key, 0.0)))
-        best_priority, best_counter = best.fair_share.priority, counters.get(best.fair_share.key, 0.0)
-        seats: dict = {}
-        for seq in running:
-            seats[seq.fair_share.key] = seats.get(seq.fair_share.key, 0) + 1
-        seatless = best.fair_share.key not in seats
+        best = min(candidates, key=lambda seq: self._rank(seq.fair_share)).fair_share
+        best_priority, best_counter, _ = self._rank(best)
+        best_held = self.seats.get(best.key, 0)
         victim, victim_rank = None, None
         for seq in running:  # arrival order: a later one of the same rank is newer
             share = seq.fair_share
-            if share.key == best.fair_share.key and share.priority == best_priority:
+            if share.priority < best_priority or (share.priority, share.key) == (best_priority, best.key):
                 continue
-            if step - self._admitted_step.get(id(seq), step) < self.min_run_steps:
+            if step - self._admitted_step[id(seq)] < self.min_run_steps:
                 continue
-            counter = counters.get(share.key, 0.0)
-            if share.priority < best_priority:
-                continue
-            outranked = share.priority > best_priority
+            priority, counter, seats = self._rank(share)
+            outranked = priority > best_priority
             behind = counter - best_counter > self.preempt_threshold
-            crowded = seatless and seats[share.key] >= 2 and counter >= best_counter
-            if not (outranked or behind or crowded):
+            # (held - 1) / weight >= (best held + 1) / best weight, multiplied out: exact for whole weights
+            held = self.seats[share.key]
+            over_seated = counter >= best_counter and (held - 1) * best.weight >= (best_held + 1) * share.weight
+            if not (outranked or behind or over_seated):
                 continue
-            rank = (share.priority, counter, seats[share.key])
+            rank = (priority, seats, counter)
             if victim_rank is None or rank >= victim_rank:
                 victim, victim_rank = seq, rank
         if victim is not None:

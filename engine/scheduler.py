@@ -11,7 +11,10 @@ Which waiting sequences are tried, in what order, and whether each may join is t
 :class:`engine.lora.admission.AdapterAdmission` (resident adapters first, bounded waiting, loads started for the
 others; a running sequence pins its adapter's slot from admission until it finishes or is preempted). The engine
 wraps it in :class:`engine.fairness.FairAdmission`: waiting sequences go by tenant (priority class, then the least
-service so far), and when the batch has no room a running sequence may be preempted for a much less served one.
+service so far, then the fewest seats), and when the batch has no room one running sequence a step may be
+preempted for the least-served waiting tenant: when its tenant holds more seats (over its weight) than the waiting
+one would with one more, when the waiting tenant is far behind on service, or when it is ``batch`` and the waiting
+one ``interactive``.
 """
 
 import bisect

@@ -239,3 +239,67 @@ def test_fairness_fields_are_engine_only_and_read_when_trusted():
     with pytest.raises(ContractError) as caught:  # a gateway client cannot send them
         parse_request("completion", {"model": "m", "prompt": "hi", "priority": "batch"})
     assert caught.value.param == "priority"
+
+
+def test_seat_leveling_gives_a_waiting_key_a_seat_from_one_holding_more_then_stops_at_the_balance():
+    scheduler = make_scheduler(max_num_seqs=4, max_tokens=64, preempt_threshold=1e9, min_run_steps=2)
+    light = [make_seq(8, "light", max_output=1000) for _ in range(3)]
+    hogs = [make_seq(8, "hog", max_output=1000) for _ in range(5)]
+    for seq in [light[0], *hogs]:
+        scheduler.add(seq)
+    assert run(scheduler, 1) == [light[0], *hogs[:3]]
+    scheduler.add(light[1])  # light holds 1 seat, hog 3: hog would still hold 2 >= light's 2 after the move
+    assert run(scheduler, 1) == []  # the hogs ran 1 step, under their minimum of 2
+    assert run(scheduler, 1) == [light[1]]
+    assert [h.num_preemptions for h in hogs] == [0, 0, 1, 0, 0]  # the newest running hog
+    scheduler.add(light[2])  # 2 seats each now: a move would leave hog 1 against light's 3, never done
+    assert run(scheduler, 30) == []
+    assert scheduler.admission.num_fair_preemptions == 1 and scheduler.admission.seats == {"light": 2, "hog": 2}
+
+
+def test_seat_leveling_counts_seats_over_the_weight():
+    scheduler = make_scheduler(max_num_seqs=4, max_tokens=64, preempt_threshold=1e9, min_run_steps=1)
+    hogs = [make_seq(8, "hog", weight=3, max_output=1000) for _ in range(4)]
+    for seq in hogs:
+        scheduler.add(seq)
+    run(scheduler, 1)
+    light = [make_seq(8, "light", max_output=1000) for _ in range(2)]
+    for seq in light:
+        scheduler.add(seq)
+    assert run(scheduler, 30) == [light[0]]  # 4/3 -> 3/3 for 0 -> 1; then 3/3 -> 2/3 would give light 2
+    assert scheduler.admission.seats == {"hog": 3, "light": 1} and [h.num_preemptions for h in hogs] == [0, 0, 0, 1]
+
+
+def test_keys_tied_on_the_counter_go_by_the_seats_they_hold():
+    scheduler = make_scheduler(max_num_seqs=2, max_tokens=64)
+    hogs = [make_seq(8, "hog", max_output=1000), make_seq(8, "hog", max_output=1), make_seq(8, "hog")]
+    for seq in hogs:
+        scheduler.add(seq)
+    assert run(scheduler, 1) == hogs[:2]  # hogs[1] finished: one seat free, hogs[0] holds the other
+    newcomer = make_seq(8, "new")
+    scheduler.add(newcomer)  # lifted to exactly the hog's counter
+    counters = scheduler.admission.vtc.counters
+    assert counters["new"] == counters["hog"]
+    assert run(scheduler, 1) == [newcomer]  # fewer seats wins the tie, not the hog's earlier arrival
+
+
+def test_one_key_in_both_priority_classes_is_ordered_whole():
+    admission = FairAdmission()
+    batch = [make_seq(8, "a", priority="batch") for _ in range(2)]
+    interactive = [make_seq(8, "a") for _ in range(3)]
+    assert list(admission.order([*batch, *interactive], step=0)) == [*interactive, *batch]
+
+
+def test_seats_stay_counted_through_preemptions_for_blocks_and_for_fairness():
+    # 24 blocks of 4 tokens for 6 seats of growing sequences: the pool runs dry, and the keys' seats are levelled
+    scheduler = make_scheduler(max_num_seqs=6, max_tokens=64, num_blocks=24, min_run_steps=1)
+    seqs = [make_seq(8, "hog", max_output=12) for _ in range(8)] + [make_seq(8, f"k{i}", max_output=12)
+                                                                    for i in range(4)]
+    for seq in seqs[:8]:
+        scheduler.add(seq)
+    run(scheduler, 2)
+    for seq in seqs[8:]:
+        scheduler.add(seq)
+    run(scheduler, 200)  # check_invariants: the seats by key match the running sequences after every step
+    assert all(seq.is_finished for seq in seqs) and scheduler.admission.seats == {}
+    assert scheduler.num_preemptions > scheduler.admission.num_fair_preemptions > 0
