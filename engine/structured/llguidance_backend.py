@@ -1,7 +1,6 @@
 """The llguidance backend, the default: near-zero compile, a parallel batch mask fill, and the widest JSON Schema
 coverage (JSONSchemaBench). vLLM calls it ``guidance``; so do we."""
 
-import os
 from collections.abc import Sequence
 
 import llguidance
@@ -61,11 +60,9 @@ class LLGuidanceMatcher(GrammarMatcher):
 
 
 class LLGuidanceBackend(StructuredOutputBackend):
-    """``num_threads`` for the batch fill: None is every CPU this process may run on (at most 32), not
-    llguidance's own default of 80% of them, which is one thread on a 2-core machine. The fill runs between the
-    forward pass and sampling, when torch's threads wait, so it may take every core: replaying 64 of the suite's
-    outputs on the 2-vCPU AMD EPYC VM, a batch fill took 4.3-5.2 ms with two threads against 7.2-9.0 ms with one
-    (wall time, other work on the cores). ``limits`` override entries of DEFAULT_LIMITS."""
+    """``num_threads`` for the batch fill: None is llguidance's default (80% of the CPUs, at most 32: one thread
+    on a 2-core machine, where two were no faster on the quiet AMD EPYC VM: 3.6-3.9 ms against 3.8-4.2 ms a batch
+    fill, replaying 64 of the suite's outputs). ``limits`` override entries of DEFAULT_LIMITS."""
 
     name = "guidance"
 
@@ -80,7 +77,7 @@ class LLGuidanceBackend(StructuredOutputBackend):
         self._limits = llguidance.LLParserLimits(**self.limits, verbose_errors=False)
         self._ll_tokenizer = llguidance.hf.from_tokenizer(
             tokenizer.hf_tokenizer, n_vocab=tokenizer.vocab_size, eos_token=list(tokenizer.eos_token_ids))
-        self._executor = llguidance.LLExecutor(num_threads or min(32, len(os.sched_getaffinity(0))))
+        self._executor = llguidance.LLExecutor(num_threads)
         self._eos_token_ids = frozenset(tokenizer.eos_token_ids)
 
     def fill_bitmask_batch(self, bitmask: torch.Tensor, matcher_rows: Sequence[tuple[GrammarMatcher, int]]) -> None:

@@ -1,7 +1,6 @@
 """The xgrammar backend, the second one: grammars compiled ahead into per-state token masks (slower to compile,
 its own batch fill). vLLM's name for it, ``xgrammar``, is ours."""
 
-import os
 import re
 from collections.abc import Sequence
 from json import dumps
@@ -52,9 +51,7 @@ class XGrammarMatcher(GrammarMatcher):
 
 
 class XGrammarBackend(StructuredOutputBackend):
-    """``num_threads`` for the batch fill: None is every CPU this process may run on, not xgrammar's default of
-    half of them (one thread on a 2-core machine): the fill runs while torch's threads wait (see the llguidance
-    backend)."""
+    """``num_threads`` for the batch fill: None is xgrammar's default (half the CPUs)."""
 
     name = "xgrammar"
 
@@ -63,7 +60,7 @@ class XGrammarBackend(StructuredOutputBackend):
         super().__init__(tokenizer, cache=cache)
         # our cache sits in front of the compiler, so xgrammar's own would only hold second copies
         self._compiler = xgrammar.GrammarCompiler(_tokenizer_info(tokenizer), cache_enabled=False)
-        self._batch = xgrammar.BatchGrammarMatcher(num_threads or len(os.sched_getaffinity(0)))
+        self._batch = xgrammar.BatchGrammarMatcher("auto" if num_threads is None else num_threads)
         # xgrammar sets the bits past the vocabulary in a row's last word; ids that do not exist must stay 0
         self._tail_bits = (1 << tokenizer.vocab_size % 32) - 1 if tokenizer.vocab_size % 32 else None
 
