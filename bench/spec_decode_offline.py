@@ -76,13 +76,15 @@ def chat_batch(llm: LLM, jobs: list[Job], batch: int, salt: str) -> dict:
             "tok_s": sum(map(len, tokens)) / wall, "counters": (before, spec_totals(llm)), "token_ids": tokens}
 
 
-def generate_saturated(llm: LLM, prompts: list[list[int]], output_tokens: int) -> dict:
-    """``bench.throughput``'s workload, everything at once (``max_num_seqs`` back at the engine's default)."""
+def generate_saturated(llm: LLM, prompts: list[list[int]], output_tokens: int, salt: str) -> dict:
+    """``bench.throughput``'s workload, everything at once (``max_num_seqs`` back at the engine's default), under
+    ``salt``: a run of the same prompts under another salt finds nothing of this one in the prefix cache or in the
+    suffix trees (an earlier run's KV and answers would make it faster, not the speculation)."""
     set_batch(llm, llm.llm_engine.config.max_num_seqs)
     before = spec_totals(llm)
     params = SamplingParams(temperature=0, max_tokens=output_tokens, ignore_eos=True)
     started = time.perf_counter()
-    outputs = llm.generate(prompts, params, use_tqdm=False)
+    outputs = llm.generate([{"prompt_token_ids": p, "cache_salt": salt} for p in prompts], params, use_tqdm=False)
     wall = time.perf_counter() - started
     tokens = [list(o.outputs[0].token_ids) for o in outputs]
     return {"requests": len(prompts), "output_tokens": sum(map(len, tokens)), "wall_s": wall,
