@@ -55,6 +55,14 @@ def test_compose_services_have_health_checks_and_known_variables():
         assert variable in env, f"{variable} is used by compose.yaml but missing from env.example"
 
 
+def test_the_web_health_check_asks_with_a_host_django_answers():
+    """Without its host in ALLOWED_HOSTS the check gets Django's 400 and the container never turns healthy."""
+    lines = (DOCKER / "Dockerfile.web").read_text().splitlines()
+    check = next(line for line in lines if line.startswith("HEALTHCHECK"))
+    host = re.search(r'"Host: ([^"]+)"', check).group(1)
+    assert host in env_example()["ALLOWED_HOSTS"].split(",")
+
+
 def test_compose_environment_passes_the_deploy_checks():
     compose = yaml.safe_load((DOCKER / "compose.yaml").read_text())
     platform_env = {k: substitute(str(v), env_example()) for k, v in compose["x-platform-env"].items()}
