@@ -145,6 +145,10 @@ def print_summary(report: dict) -> None:
             step = "" if steps.get("overhead") is None else (
                 f"; step {steps['free_step_ms']:.1f} -> {steps['constrained_step_ms']:.1f} ms "
                 f"({steps['overhead']:+.1%}), mask {steps['mask_share']:.1%} of the step")
+            if steps.get("overhead_outside_forward") is not None:
+                step += (f"; outside the forward {steps['free_outside_forward_ms']:.1f} -> "
+                         f"{steps['constrained_outside_forward_ms']:.1f} ms ({steps['overhead_outside_forward']:+.1%} "
+                         f"of a free step), forward {steps['forward_ratio']:+.1%}")
             v = row["validity"]
             print(f"{key} batch {row['batch']}: {row['free']['tok_s']:.1f} tok/s free, "
                   f"{row['constrained']['tok_s']:.1f} constrained{step}; valid {v['valid']}/{v['outputs']}")

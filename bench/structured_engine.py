@@ -1,10 +1,11 @@
 """This engine's side of ``bench.structured``: constrained and free ``LLM.generate`` runs with every step timed, and
 cold grammar compiles.
 
-``StepProbe`` times each ``LLMEngine.step`` and, inside it, the constrained-decoding work: the batch mask fill
-(the backend's ``fill_bitmask_batch``), the whole of ``StructuredDecoding.mask`` (fill + apply) and the matchers'
-``advance``. It wraps the engine's own objects for the span of a run and puts them back after (the engine has no
-hooks for this, and a benchmark must not change the engine's code).
+``StepProbe`` times each ``LLMEngine.step`` and, inside it, the model's forward pass (``ModelRunner.forward``:
+the work constrained decoding never touches) and the constrained-decoding work: the batch mask fill (the backend's
+``fill_bitmask_batch``), the whole of ``StructuredDecoding.mask`` (fill + apply) and the matchers' ``advance``. It
+wraps the engine's own objects for the span of a run and puts them back after (the engine has no hooks for this,
+and a benchmark must not change the engine's code).
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ class StepRecord:
     seconds: float
     num_seqs: int
     num_tokens: int  # tokens computed: num_seqs for a pure decode step, more with prefill
+    forward_s: float = 0.0
     mask_s: float = 0.0
     fill_s: float = 0.0
     advance_s: float = 0.0
@@ -40,11 +42,14 @@ class StepProbe:
         engine, structured = self.engine, self.engine.structured
         backend = structured.backend  # built now, so that its fill can be wrapped
         # What each instance held of its own (nothing, for the engine's classes: their methods live on the class)
+        runner = engine.model_runner
         self._saved = [(owner, name, owner.__dict__.get(name, _MISSING)) for owner, name in (
-            (engine, "step"), (engine.scheduler, "schedule"), (structured, "mask"), (backend, "fill_bitmask_batch"))]
+            (engine, "step"), (engine.scheduler, "schedule"), (runner, "forward"), (structured, "mask"),
+            (backend, "fill_bitmask_batch"))]
         self._advance = StructuredDecoding.__dict__["advance"]
         self._pending: dict = {}
         engine.scheduler.schedule = self._timed_schedule(engine.scheduler.schedule)
+        runner.forward = self._timed("forward_s", runner.forward)
         structured.mask = self._timed("mask_s", structured.mask)
         backend.fill_bitmask_batch = self._timed("fill_s", backend.fill_bitmask_batch)
         StructuredDecoding.advance = staticmethod(self._timed("advance_s", self._advance.__func__))
@@ -199,5 +204,5 @@ def engine_batches(backend_name: str, prompts: list[list[int]], schemas: list[di
 
 
 def _step_dict(step: StepRecord) -> dict:
-    return {"s": step.seconds, "seqs": step.num_seqs, "tokens": step.num_tokens, "mask_s": step.mask_s,
-            "fill_s": step.fill_s, "advance_s": step.advance_s}
+    return {"s": step.seconds, "seqs": step.num_seqs, "tokens": step.num_tokens, "forward_s": step.forward_s,
+            "mask_s": step.mask_s, "fill_s": step.fill_s, "advance_s": step.advance_s}
