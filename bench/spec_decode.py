@@ -26,7 +26,8 @@ Measured:
     the step's ``max_batch_size`` cut lifted): output tok/s on / off per method. The smallest batch where the ratio
     falls under 1 is the crossover, against ``SpeculativeConfig.max_batch_size``'s default.
   * (b) offline at saturation: output tok/s on / off (target: no worse than -3%), and on without the cut, after
-    an untimed run of each setting on other prompts of the same shape.
+    an untimed run of each setting on other prompts of the same shape; 3 rounds (``--quick``: 1), the settings
+    interleaved in a rotated order each round, each run under its own cache salt, tokens and wall time summed.
 Results: ``bench/results/spec_decode-<time>.json`` (rewritten after each stage; server logs beside it);
 ``python -m bench.report`` puts them in its "Speculative decoding" table. Other work may share the cores: compare
 figures within one run.
@@ -59,9 +60,10 @@ def settings(quick: bool) -> dict:
     """How many prompts of each set each stream count gets (disjoint slices), output caps, sweep sizes."""
     if quick:
         return {"json": {1: 6, 4: 12}, "edit": {1: 4, 4: 8}, "max_tokens": {"json": 64, "edit": 160},
-                "sweep_requests": "one per seat, at least 2", "timeout": 900}
+                "sweep_requests": "one per seat, at least 2", "saturation_rounds": 1, "timeout": 900}
     return {"json": {1: 8, 4: 15}, "edit": {1: 5, 4: 10}, "max_tokens": {"json": 64, "edit": 192},
-            "sweep_requests": "two per seat, at most the 40 prompts", "timeout": 1800}
+            "sweep_requests": "two per seat, at most the 40 prompts", "saturation_rounds": 3,
+            "timeout": 1800}
 
 
 def all_jobs(s: dict) -> dict[str, list[Job]]:
@@ -192,7 +194,8 @@ def _model_folder() -> Path:
 
 
 # ---- offline: the batch sweep on (a) and saturation on (b)
-def measure_offline(configs: dict[str, dict | None], jobs: dict, quick: bool, batches: tuple[int, ...]) -> dict:
+def measure_offline(configs: dict[str, dict | None], jobs: dict, quick: bool, batches: tuple[int, ...],
+                    rounds: int = 1) -> dict:
     from bench import spec_decode_offline as offline
     from bench.throughput import make_workload
 
@@ -219,18 +222,33 @@ def measure_offline(configs: dict[str, dict | None], jobs: dict, quick: bool, ba
         offline.generate_saturated(llm, warm.prompts, warm.output_tokens, "saturation-warm")
     saturation = {}
     for cut in (None, offline.NO_CUT):
-        for name, llm in llms.items():
-            if name == "off" and cut is not None:
-                continue
-            offline.set_cut(llm, cut)
+        names = [name for name in llms if cut is None or name != "off"]
+        runs: dict[str, list[dict]] = {name: [] for name in names}
+        for round_ in range(rounds):
+            # Interleaved, the order rotated every round, each run under its own salt: a slow stretch of the
+            # machine falls on every setting alike, and no run reads another's prefix cache or suffix trees.
+            for name in names[round_ % len(names):] + names[:round_ % len(names)]:
+                offline.set_cut(llms[name], cut)
+                key = name if cut is None else f"{name}-no-cut"
+                runs[name].append(offline.generate_saturated(llms[name], workload.prompts, workload.output_tokens,
+                                                             f"saturation-{key}-{round_}"))
+        for name in names:
             key = name if cut is None else f"{name}-no-cut"
-            saturation[key] = _offline_record(offline.generate_saturated(llm, workload.prompts,
-                                                                         workload.output_tokens, f"saturation-{key}"),
-                                              saturation.get("off"))
-            print(f"  offline saturation {key}: {saturation[key]['tok_s']:.1f} tok/s", flush=True)
-    return {"sweep": sweep, "saturation": saturation,
+            saturation[key] = _offline_record(_combined(runs[name]), saturation.get("off"))
+            print(f"  offline saturation {key}: {saturation[key]['tok_s']:.1f} tok/s (rounds: "
+                  + ", ".join(f"{t:.1f}" for t in saturation[key]["round_tok_s"]) + ")", flush=True)
+    return {"sweep": sweep, "saturation": saturation, "saturation_rounds": rounds,
             "saturation_workload": {"requests": workload.num_requests, "output_tokens": workload.output_tokens,
                                     "prompt_tokens": [workload.min_prompt, workload.max_prompt]}}
+
+
+def _combined(runs: list[dict]) -> dict:
+    """One setting's saturation rounds as one run: tokens and wall time summed, the counters from before its first
+    round to after its last, the first round's token ids (every round computes the same greedy tokens)."""
+    tokens, wall = sum(r["output_tokens"] for r in runs), sum(r["wall_s"] for r in runs)
+    return {"requests": sum(r["requests"] for r in runs), "output_tokens": tokens, "wall_s": wall,
+            "tok_s": tokens / wall, "round_tok_s": [r["tok_s"] for r in runs],
+            "counters": (runs[0]["counters"][0], runs[-1]["counters"][1]), "token_ids": runs[0]["token_ids"]}
 
 
 def _offline_record(run: dict, off: dict | None) -> dict:
@@ -326,7 +344,8 @@ def main(argv: list[str] | None = None) -> dict:
               "machine": {"cores": http.cores(), "cpu": _cpu(), "load_avg_start": list(os.getloadavg())},
               "server": {}, "offline": None, "stages_s": {}}
     stages = [("offline", lambda: report.__setitem__("offline", measure_offline(
-                  configs, jobs, args.quick, tuple(int(b) for b in args.batches.split(","))))),
+                  configs, jobs, args.quick, tuple(int(b) for b in args.batches.split(",")),
+                  s["saturation_rounds"]))),
               ("engine", lambda: report["server"].__setitem__("engine", engine_servers(configs, s, jobs, logs))),
               ("vllm", lambda: report["server"].__setitem__("vllm", vllm_servers(s, jobs, dtype, logs)))]
     for name, stage in stages:

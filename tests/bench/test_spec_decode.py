@@ -133,6 +133,18 @@ def _made_up_report() -> dict:
     return report
 
 
+def test_saturation_rounds_combine_into_one_run_per_setting():
+    def one(tokens, wall, before, after, ids):
+        return {"requests": 2, "output_tokens": tokens, "wall_s": wall, "tok_s": tokens / wall,
+                "counters": (before, after), "token_ids": ids}
+
+    rounds = [one(100, 2.0, {"d": 0}, {"d": 5}, [[1, 2]]), one(100, 3.0, {"d": 5}, {"d": 9}, [[1, 2]])]
+    run = bench._combined(rounds)
+    assert (run["requests"], run["output_tokens"], run["wall_s"]) == (4, 200, 5.0)
+    assert run["tok_s"] == 40.0 and run["round_tok_s"] == [50.0, pytest.approx(100 / 3)]
+    assert run["counters"] == ({"d": 0}, {"d": 9}) and run["token_ids"] == [[1, 2]]
+
+
 def test_summary_speedups_sweep_and_saturation_against_targets():
     summary = _made_up_report()["summary"]
     engine = {(r["set"], r["streams"]): r for r in summary["tpot_speedup"] if r["system"] == "engine"}
