@@ -67,11 +67,13 @@ class SuffixTrie:
             self.num_nodes += 1
         return child
 
-    def match(self, context: list[int]) -> tuple[int, "_Node | None"]:
-        """The longest suffix of ``context`` present with a continuation (its length) and its node; (0, None) if
-        none is. In a sequence's own trie the whole tail is always present, continued only where it occurred
-        before."""
-        for length in range(min(len(context), self.max_depth - 1), 0, -1):
+    def match(self, context: list[int], room: int = 1) -> tuple[int, "_Node | None"]:
+        """The longest suffix of ``context`` present with a continuation (its length) and its node, at most
+        ``max_depth - room`` tokens long so that up to ``room`` tokens can follow it in the trie; (0, None) if none
+        is. In a sequence's own trie the whole tail is always present, continued only where it occurred before."""
+        # A match at depth d can only be continued by max_depth - d tokens: a match of the full depth would leave
+        # a draft of one token when a long run is being copied, exactly where drafting pays most.
+        for length in range(min(len(context), max(1, self.max_depth - room)), 0, -1):
             node = self.root
             for token in context[len(context) - length:]:
                 node = node.children.get(token)
@@ -146,7 +148,7 @@ class SuffixProposer:
         for trie in (own, self.scope_trie(scope)):
             if trie is None:
                 continue
-            length, node = trie.match(context)
+            length, node = trie.match(context, room=k)
             if length > best_length:
                 best_length, best_node = length, node
         if best_node is None or best_length < self.min_match or k <= 0:

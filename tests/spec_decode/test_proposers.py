@@ -67,6 +67,21 @@ def test_a_draft_is_at_most_max_spec_factor_times_its_match():
         assert proposer.propose([1, *text[:match]], None, "s") == text[match:match + expected], (factor, match)
 
 
+def test_a_long_copied_run_drafts_k_tokens_not_what_the_trie_depth_leaves():
+    """Copying a paragraph from the prompt: the tail matches the prompt at full depth, and a match that long has
+    only one token under it in a trie cut at ``max_depth``; the match is shortened so that k tokens follow."""
+    paragraph = list(range(100, 160))
+    context = [1, 2, *paragraph, 3, *paragraph[:40]]  # the answer has copied 40 tokens so far
+    proposer = SuffixProposer(5)
+    own = proposer.new_sequence_trie(context)
+    assert own.max_depth == 32
+    assert proposer.propose(context, own, "s") == paragraph[40:45]
+    proposer.learn("s", paragraph)  # the scope's tree: the same paragraph as an earlier answer
+    assert proposer.propose([9, *paragraph[:40]], None, "s") == paragraph[40:45]
+    length, _ = own.match(context, room=5)
+    assert length == 27
+
+
 def test_a_short_match_proposes_nothing():
     proposer = SuffixProposer(3, min_match=2)
     proposer.learn("s", [4, 5, 6])
