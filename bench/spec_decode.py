@@ -1,7 +1,8 @@
 """Speculative decoding without a draft model: speculation on (n-gram, suffix) against off, through the engine
 server and offline, beside vLLM's CPU build with its n-gram proposer, in the same run.
 
-``python -m bench.spec_decode [--quick] [--systems engine,vllm] [--methods ngram,suffix] [--timeout S]``
+``python -m bench.spec_decode [--quick] [--systems engine,vllm] [--methods ngram,suffix] [--batches 1,2,...]
+[--no-offline] [--timeout S]``
 
 SmolLM2-135M-Instruct, dtype auto (vLLM at the dtype that gives here), greedy, EOS honoured (real answers).
 Workloads:
@@ -325,6 +326,8 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--systems", default=",".join(SYSTEMS))
     parser.add_argument("--methods", default=",".join(METHODS))
     parser.add_argument("--batches", default=",".join(map(str, BATCHES)), help="batch sizes of the offline sweep")
+    parser.add_argument("--no-offline", dest="offline", action="store_false",
+                        help="skip the offline stage (the batch sweep and saturation): the servers only")
     parser.add_argument("--timeout", type=float, help="seconds a server may take to start or a run to finish")
     args = parser.parse_args(argv)
     systems, methods = _names(args.systems, SYSTEMS, parser), _names(args.methods, tuple(METHODS), parser)
@@ -349,7 +352,7 @@ def main(argv: list[str] | None = None) -> dict:
               ("engine", lambda: report["server"].__setitem__("engine", engine_servers(configs, s, jobs, logs))),
               ("vllm", lambda: report["server"].__setitem__("vllm", vllm_servers(s, jobs, dtype, logs)))]
     for name, stage in stages:
-        if name in ("engine", "vllm") and name not in systems:
+        if name in ("engine", "vllm") and name not in systems or name == "offline" and not args.offline:
             continue
         print(f"{name}:", flush=True)
         started = time.perf_counter()
