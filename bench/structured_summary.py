@@ -55,7 +55,9 @@ def step_overhead(record: dict, batch: int) -> dict:
     """This engine's steps at the full batch (``batch`` sequences, every one constrained in the constrained runs;
     admissions of waiting requests ride in some): mean step time constrained and free and their ratio, and the
     shares of the constrained steps' time in the mask fill, the mask as a whole (fill + apply) and the matchers'
-    advance. The free runs repeat the constrained lengths, so both have the same schedule (``same_schedule``)."""
+    advance. The free runs repeat the constrained lengths, so both have the same schedule (``same_schedule``).
+    Where the forward pass was timed: its mean both ways, each run's mean, and the step's time outside it,
+    constrained minus free, over the free step (``overhead_outside_forward``: what the target reads)."""
     def full(kind: str) -> list[dict]:
         return [s for run in record[kind] for s in run["steps"] if s["seqs"] == batch]
 
