@@ -352,7 +352,7 @@ def main(argv: list[str] | None = None) -> dict:
               ("engine", lambda: report["server"].__setitem__("engine", engine_servers(configs, s, jobs, logs))),
               ("vllm", lambda: report["server"].__setitem__("vllm", vllm_servers(s, jobs, dtype, logs)))]
     for name, stage in stages:
-        if name in ("engine", "vllm") and name not in systems or name == "offline" and not args.offline:
+        if (name in ("engine", "vllm") and name not in systems) or (name == "offline" and not args.offline):
             continue
         print(f"{name}:", flush=True)
         started = time.perf_counter()

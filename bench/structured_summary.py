@@ -58,10 +58,10 @@ def step_overhead(record: dict, batch: int) -> dict:
     advance. The free runs repeat the constrained lengths, so both have the same schedule (``same_schedule``).
     Where the forward pass was timed: its mean both ways, each run's mean, and the step's time outside it,
     constrained minus free, over the free step (``overhead_outside_forward``: what the target reads)."""
-    def full(kind: str) -> list[dict]:
-        return [s for run in record[kind] for s in run["steps"] if s["seqs"] == batch]
+    def full(runs: list[dict]) -> list[dict]:
+        return [s for run in runs for s in run["steps"] if s["seqs"] == batch]
 
-    constrained, free = full("constrained"), full("free")
+    constrained, free = full(record["constrained"]), full(record["free"])
     schedule = [[(s["seqs"], s["tokens"]) for s in run["steps"]] for run in record["constrained"] + record["free"]]
     out = {"full_batch_steps": len(constrained), "same_schedule": all(s == schedule[0] for s in schedule)}
     if not constrained or not free:
@@ -77,11 +77,11 @@ def step_overhead(record: dict, batch: int) -> dict:
         # The forward pass is the same work in both runs (same shapes), but its time moves with the tokens it
         # computes and with the machine; what constrained decoding adds is the step's time outside it.
         c_fwd, f_fwd = (sum(s["forward_s"] for s in steps) / len(steps) for steps in (constrained, free))
-        runs = {kind: [[s["forward_s"] for s in run["steps"] if s["seqs"] == batch] for run in record[kind]]
-                for kind in ("constrained", "free")}
+        by_run = {kind: [steps for run in record[kind] if (steps := full([run]))] for kind in ("constrained", "free")}
         out.update({"constrained_forward_ms": 1e3 * c_fwd, "free_forward_ms": 1e3 * f_fwd,
                     # each run's mean forward: how far runs of the same shapes drift apart with no change in work
-                    "forward_ms_by_run": {kind: [1e3 * sum(r) / len(r) for r in rs if r] for kind, rs in runs.items()},
+                    "forward_ms_by_run": {kind: [1e3 * sum(s["forward_s"] for s in steps) / len(steps)
+                                                 for steps in runs] for kind, runs in by_run.items()},
                     "forward_ratio": c_fwd / f_fwd - 1 if f_fwd else None,
                     "constrained_outside_forward_ms": 1e3 * (c_mean - c_fwd),
                     "free_outside_forward_ms": 1e3 * (f_mean - f_fwd),
