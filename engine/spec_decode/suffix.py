@@ -98,12 +98,14 @@ class SuffixTrie:
 
 class SuffixProposer:
     def __init__(self, num_speculative_tokens: int, *, max_depth: int = 32, min_token_prob: float = 0.1,
-                 min_match: int = 2, max_spec_factor: float | None = None, max_tree_nodes: int = 4_000_000,
+                 min_match: int = 1, max_spec_factor: float | None = None, max_tree_nodes: int = 4_000_000,
                  max_nodes_per_tree: int = 500_000):
         self.k = num_speculative_tokens
         self.max_depth = max_depth
         self.min_token_prob = min_token_prob
-        self.min_match = min_match  # a shorter match predicts too little to be worth a verify
+        # 1: a value an answer copies from its prompt (a name, an email) starts with a one-token match; drafting
+        # there took the json-extractor set at one stream from 2.17 to 2.6 tokens a step (replayed greedy outputs)
+        self.min_match = min_match
         self.max_spec_factor = max_spec_factor
         self.max_tree_nodes = max_tree_nodes
         self.max_nodes_per_tree = max_nodes_per_tree

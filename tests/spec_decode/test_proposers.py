@@ -56,7 +56,8 @@ def test_the_draft_follows_the_most_frequent_continuation_while_it_is_likely_eno
     proposer.learn("s", [3, 7])
     # after [1, 2, 3] the longer match (3 x "4") decides, whatever follows a lone 3 elsewhere
     assert proposer.propose([0, 1, 2, 3], None, "s") == [4]
-    assert proposer.propose([8, 3], None, "s") == []  # a one-token match: under min_match
+    # a one-token match drafts too (a value copied from the prompt starts with one): the likeliest continuation
+    assert proposer.propose([8, 3], None, "s") == [4]
 
 
 def test_a_draft_is_at_most_max_spec_factor_times_its_match():
@@ -102,3 +103,14 @@ def test_tries_are_bounded_in_depth_and_nodes_and_scopes_leave_least_recently_us
     proposer.learn("newer", list(range(200, 240)))
     assert "old" not in proposer.trees and proposer.num_nodes <= 300
     assert proposer.stats()["trees"] == len(proposer.trees)
+
+
+def test_a_value_copied_from_the_prompt_is_drafted_from_its_first_token():
+    """An answer that starts quoting a name from its prompt (``"name": "`` then the name's first token) matches
+    the prompt on that one token only, since the quote before it is not in the prompt."""
+    prompt = [1, 2, 50, 51, 52, 53, 3, 4]  # ... "Priya Varga" ...
+    context = [*prompt, 90, 91, 50]  # the answer so far: `{"name": "` (90, 91) and the name's first token
+    proposer = SuffixProposer(3)
+    own = proposer.new_sequence_trie(context)
+    assert proposer.propose(context, own, "s") == [51, 52, 53]
+    assert SuffixProposer(3, min_match=2).propose(context, own, "s") == []
