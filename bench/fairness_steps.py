@@ -47,6 +47,7 @@ def replay(seed: int, steps: int, max_num_seqs: int, *, keyed: bool, with_heavy:
     ids = itertools.count()
     arrived: dict[str, int] = {}
     waits: list[int] = []
+    first_step_tokens: list[int] = []  # tokens computed by the step that samples a light request's first token
     sampled_tokens = 0
     for step in range(steps):
         for tenant, rate in rates.items():
@@ -67,8 +68,10 @@ def replay(seed: int, steps: int, max_num_seqs: int, *, keyed: bool, with_heavy:
         for seq, token in zip(out.seqs, sampled, strict=True):
             if token is not None and seq.num_output_tokens == 1 and seq.request_id.startswith(LIGHT):
                 waits.append(step + 1 - arrived[seq.request_id])
+                first_step_tokens.append(out.num_batched_tokens)
         scheduler.finish([seq for seq in out.seqs if seq.num_output_tokens >= OUTPUT_TOKENS], "length")
     return {"light_requests": len(waits), "light_wait_steps": _percentiles(waits),
+            "light_first_step_tokens": _percentiles(first_step_tokens),
             "fair_preemptions": scheduler.admission.num_fair_preemptions,
             "output_tokens_per_step": sampled_tokens / steps}
 
@@ -92,7 +95,9 @@ def main(argv: list[str] | None = None) -> int:
             run[name] = replay(seed, args.steps, args.max_num_seqs, keyed=keyed, with_heavy=with_heavy)
             result, waits = run[name], run[name]["light_wait_steps"]
             print(f"seed {seed} {name:5}: light wait p50 {waits['p50']:.0f} p99 {waits['p99']:.1f} max "
-                  f"{waits['max']:.0f} steps ({result['light_requests']} requests); fairness preemptions "
+                  f"{waits['max']:.0f} steps ({result['light_requests']} requests), its first-token step "
+                  f"p50 {result['light_first_step_tokens']['p50']:.0f} p99 "
+                  f"{result['light_first_step_tokens']['p99']:.0f} tokens; fairness preemptions "
                   f"{result['fair_preemptions']}; {result['output_tokens_per_step']:.2f} output tokens/step",
                   flush=True)
         runs.append(run)
