@@ -20,6 +20,7 @@ from engine.batch_metadata import BatchMetadata
 from engine.config import ModelConfig
 from engine.models.linear import LoRAWeights, Projection, ProjectionShard
 from engine.models.rotary import RotaryEmbedding, apply_rotary
+from kernels.cpu import norm_act
 
 
 class RMSNorm(nn.Module):
@@ -29,8 +30,22 @@ class RMSNorm(nn.Module):
         self.eps = eps
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # [num_tokens, hidden]
-        # In float32 this is HF's formula bit for bit (mean of squares, rsqrt, scale), in one call.
+        # In float32 this is HF's formula bit for bit (mean of squares, rsqrt, scale), in one call; in bfloat16 on
+        # CPU one C call with torch's roundings (kernels.cpu.norm_act).
+        if x.device.type == "cpu" and x.dtype == torch.bfloat16:
+            out = norm_act.add_rms_norm(x, None, self.weight, self.eps)
+            if out is not None:
+                return out
         return F.rms_norm(x, self.weight.shape, self.weight, self.eps)
+
+    def add_forward(self, residual: torch.Tensor, delta: torch.Tensor) -> torch.Tensor:
+        """``residual += delta`` in place, then the norm of it: the residual stream's add fused with the next norm."""
+        if residual.device.type == "cpu" and residual.dtype == torch.bfloat16:
+            out = norm_act.add_rms_norm(residual, delta, self.weight, self.eps)
+            if out is not None:
+                return out
+        residual += delta
+        return F.rms_norm(residual, self.weight.shape, self.weight, self.eps)
 
 
 def _column(group, *starts: int) -> ProjectionShard | None:
@@ -99,9 +114,17 @@ class DecoderLayer(nn.Module):
         self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
 
-    def forward(self, x: torch.Tensor, rope, batch: BatchMetadata) -> torch.Tensor:  # [T, hidden]
-        x = x + self.self_attn(self.input_layernorm(x), rope, batch)
-        return x + self.mlp(self.post_attention_layernorm(x), batch)
+    def forward(self, x: torch.Tensor, residual: torch.Tensor | None, rope,
+                batch: BatchMetadata) -> tuple[torch.Tensor, torch.Tensor]:
+        """(the MLP's output, the residual stream before it): the caller's next layer adds the two (as vLLM's
+        layers do), so each add runs fused with the norm after it. ``residual`` None: ``x`` is the embedding."""
+        if residual is None:
+            residual = x
+            h = self.input_layernorm(x)
+        else:
+            h = self.input_layernorm.add_forward(residual, x)  # residual = x + residual
+        h = self.post_attention_layernorm.add_forward(residual, self.self_attn(h, rope, batch))
+        return self.mlp(h, batch), residual
 
 
 class LlamaForCausalLM(nn.Module):
@@ -144,9 +167,10 @@ class LlamaForCausalLM(nn.Module):
         # input_ids: [T] -> hidden states [T, hidden]
         x = F.embedding(input_ids, self.embed_tokens)
         rope = self.rotary(batch.positions)
+        residual = None
         for layer in self.layers:
-            x = layer(x, rope, batch)
-        return x
+            x, residual = layer(x, residual, rope, batch)
+        return residual + x
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor | None:  # [N, hidden] -> [N, vocab] float32
         """The logits of ``hidden``'s rows; a shard's gather to rank 0, None on the other ranks."""
