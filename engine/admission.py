@@ -53,6 +53,8 @@ class FirstComeFirstServed:
     def account(self, seqs: list[Sequence], num_new_tokens: list[int]) -> None:
         """A step was scheduled: these sequences compute these many tokens."""
 
-    def victim(self, running: list[Sequence], waiting: Iterable[Sequence], step: int) -> Sequence | None:
-        """A running sequence to preempt so a waiting one can be served (the batch has no room); None: keep all."""
+    def victim(self, running: list[Sequence], waiting: Iterable[Sequence], step: int,
+               freed: int = 0) -> Sequence | None:
+        """A running sequence to preempt so a waiting one can be served (the batch has no room; ``freed`` seats were
+        already freed this step); None: keep all."""
         return None

@@ -14,14 +14,19 @@ A key that was idle (nothing waiting or running) rejoins at ``max(its counter, t
 idling banks no credit. When nobody is backlogged the floor is the greatest counter, so the next keys to arrive
 start even.
 
-Waiting keys tied on the counter (a key rejoining is lifted to exactly the least backlogged counter) go by the
-seats they hold over their weight, fewest first, then by the inner policy's order.
+Waiting keys tied on the counter go by the seats they hold over their weight, fewest first, then by the exact
+counter, then by the inner policy's order. Counters less than ``tie_tolerance`` weighted tokens (default 256, about one prompt) above the least
+backlogged one count as tied: a light tenant is charged its whole prompt the step it is admitted, which lifts its
+counter past a heavy tenant's that grows a few tokens a step over many seats, and without the tolerance its next
+request would wait for the heavy one to catch up although it holds a fraction of its seats (the light tenant's p99
+TTFT in ``bench.fairness``). Counters further apart than that go by the counter alone, so VTC's bound on the gap
+between backlogged keys grows by the tolerance and no more.
 
 Running sequences are preempted for fairness only when the batch has no seat or blocks for the least-served
 waiting key, and only past a stated imbalance:
 
-- *seat leveling*: a running key no less served holds more seats over its weight than the waiting key would with
-  one more (``(seats - 1) / weight >= (its seats + 1) / its weight``). A light tenant whose request arrives at a
+- *seat leveling*: a running key no less served (within the tie tolerance) holds more seats over its weight than
+  the waiting key would with one more (``(seats - 1) / weight >= (its seats + 1) / its weight``). A light tenant whose request arrives at a
   batch full of a heavy tenant's gets a seat at the next step instead of waiting for one to free. A seat only
   moves from a key that, after the move, still holds at least as many weighted seats as the one it went to, so the
   reverse move is never allowed and two keys cannot trade a seat back and forth (each such preemption lowers the
@@ -30,8 +35,10 @@ waiting key, and only past a stated imbalance:
   key's (it waits for lack of blocks, or with weights that seat leveling does not see).
 - *priority*: an ``interactive`` sequence waits behind ``batch`` ones.
 
-The victim ran at least ``min_run_steps`` steps since it was last admitted, one victim per step: the newest
-sequence of the running key holding the most seats over its weight (then the most served). A preempted
+The victim ran at least ``min_run_steps`` steps since it was last admitted: the newest sequence of the running key
+holding the most seats over its weight (then the most served). A step may preempt one victim for each sequence the
+waiting key has queued, each seat freed counted as the waiting key's: two requests of a light tenant arriving
+together both get in at the next step. A preempted
 sequence keeps its key's counter; its recompute is charged like any prefill, and mostly hits its own blocks in
 the prefix cache.
 
@@ -102,10 +109,12 @@ class FairAdmission:
     """Wraps an admission policy (first come first served, or the adapters' one): its decisions and hooks stand,
     the order it gives is regrouped by (priority, counter, weighted seats). See the module docstring."""
 
-    def __init__(self, inner=None, *, preempt_threshold: float = 8192.0, min_run_steps: int = 16):
+    def __init__(self, inner=None, *, preempt_threshold: float = 8192.0, min_run_steps: int = 16,
+                 tie_tolerance: float = 256.0):
         self.inner = inner or FirstComeFirstServed()
         self.vtc = VirtualTokenCounter()
         self.preempt_threshold = preempt_threshold
+        self.tie_tolerance = tie_tolerance
         self.min_run_steps = min_run_steps
         self.num_fair_preemptions = 0
         self.seats: dict[str | None, int] = {}  # key -> its running sequences (only keys with some)
@@ -126,10 +135,12 @@ class FairAdmission:
             generated = 1 if total >= seq.num_tokens else 0  # this step samples a token for it
             self.vtc.charge(share.key, share.weight, num_new - generated, generated)
 
-    def _rank(self, share: FairShare, extra_cost: float = 0.0) -> tuple[int, float, float]:
-        """Who goes first between waiting keys: (priority, counter, seats held over the weight), lowest first."""
+    def _rank(self, share: FairShare, floor: float, extra_cost: float = 0.0) -> tuple[int, float, float, float]:
+        """Who goes first between waiting keys, lowest first: (priority, counter with those within the tie tolerance
+        of ``floor``, the least backlogged counter, counted as equal, seats held over the weight, counter)."""
         counter = self.vtc.counters.get(share.key, 0.0) + extra_cost
-        return share.priority, counter, self.seats.get(share.key, 0) / share.weight
+        return (share.priority, max(counter, floor + self.tie_tolerance), self.seats.get(share.key, 0) / share.weight,
+                counter)
 
     # ---- the admission policy interface
     def order(self, waiting: Iterable[Sequence], step: int) -> Iterable[Sequence]:
@@ -144,7 +155,9 @@ class FairAdmission:
 
     def _fair_order(self, queues: dict[tuple[int, str | None], list[Sequence]]) -> Iterator[Sequence]:
         # (rank so far this step, first position in the inner order, next index, queue); popped lowest first
-        heap = [(self._rank(seqs[0].fair_share), position, 0, seqs) for position, seqs in enumerate(queues.values())]
+        floor = self.vtc.floor()
+        heap = [(self._rank(seqs[0].fair_share, floor), position, 0, seqs)
+                for position, seqs in enumerate(queues.values())]
         heapq.heapify(heap)
         charged: dict[str | None, float] = {}  # key -> prompt cost of its sequences admitted so far this step
         while heap:
@@ -156,7 +169,7 @@ class FairAdmission:
                 charged[share.key] = charged.get(share.key, 0.0) + self.vtc.cost(
                     share, seq.num_tokens - seq.num_cached_tokens)
             if index + 1 < len(seqs):
-                heapq.heappush(heap, (self._rank(share, charged.get(share.key, 0.0)), position, index + 1, seqs))
+                heapq.heappush(heap, (self._rank(share, floor, charged.get(share.key, 0.0)), position, index + 1, seqs))
 
     def decide(self, seq: Sequence, step: int, free_seats: int) -> Decision:
         return self.inner.decide(seq, step, free_seats)
@@ -193,15 +206,21 @@ class FairAdmission:
             assert self.vtc.backlog.get(key, 0) >= count, f"fairness key {key!r} runs more than it has queued"
 
     # ---- preemption for fairness
-    def victim(self, running: list[Sequence], waiting: Iterable[Sequence], step: int) -> Sequence | None:
+    def victim(self, running: list[Sequence], waiting: Iterable[Sequence], step: int,
+               freed: int = 0) -> Sequence | None:
         """The running sequence to preempt so the least-served waiting key gets in (seat leveling, counter gap
-        or priority: see the module docstring), or None. Called only when the batch has no room for the waiting."""
+        or priority: see the module docstring), or None. Called only when the batch has no room for the waiting;
+        ``freed``: the seats already freed this step, each counted as the waiting key's."""
         candidates = list(waiting)
         if not candidates or not running:
             return None
-        best = min(candidates, key=lambda seq: self._rank(seq.fair_share)).fair_share
-        best_priority, best_counter, _ = self._rank(best)
-        best_held = self.seats.get(best.key, 0)
+        floor = self.vtc.floor()
+        best = min(candidates, key=lambda seq: self._rank(seq.fair_share, floor)).fair_share
+        queued = sum((seq.fair_share.priority, seq.fair_share.key) == (best.priority, best.key) for seq in candidates)
+        if freed >= queued:  # every sequence the key has waiting has a seat to go to
+            return None
+        best_priority, best_counter, _, _ = self._rank(best, floor)
+        best_held = self.seats.get(best.key, 0) + freed
         victim, victim_rank = None, None
         for seq in running:  # arrival order: a later one of the same rank is newer
             share = seq.fair_share
@@ -209,9 +228,10 @@ class FairAdmission:
                 continue
             if step - self._admitted_step[id(seq)] < self.min_run_steps:
                 continue
-            priority, counter, seats = self._rank(share)
+            priority, counter, seats, _ = self._rank(share, floor)
             outranked = priority > best_priority
-            behind = counter - best_counter > self.preempt_threshold
+            gap = self.vtc.counters.get(share.key, 0.0) - self.vtc.counters.get(best.key, 0.0)  # unclamped
+            behind = gap > self.preempt_threshold
             # (held - 1) / weight >= (best held + 1) / best weight, multiplied out: exact for whole weights
             held = self.seats[share.key]
             over_seated = counter >= best_counter and (held - 1) * best.weight >= (best_held + 1) * share.weight

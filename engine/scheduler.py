@@ -90,11 +90,12 @@ class Scheduler:
         return out
 
     def _preempt_for_fairness(self) -> None:
-        """The batch is full: one running sequence makes room if the policy names one (a much more served key's)."""
-        victim = self.admission.victim(self.running, self.waiting, self.num_steps)
-        if victim is not None:
+        """The batch is full: running sequences make room while the policy names one (a much more served key's)."""
+        freed = 0
+        while (victim := self.admission.victim(self.running, self.waiting, self.num_steps, freed)) is not None:
             self.running.remove(victim)
             self._preempt(victim)
+            freed += 1
 
     def _schedule_running(self, out: SchedulerOutput) -> int:
         budget = self.max_num_batched_tokens

@@ -303,3 +303,42 @@ def test_seats_stay_counted_through_preemptions_for_blocks_and_for_fairness():
     run(scheduler, 200)  # check_invariants: the seats by key match the running sequences after every step
     assert all(seq.is_finished for seq in seqs) and scheduler.admission.seats == {}
     assert scheduler.num_preemptions > scheduler.admission.num_fair_preemptions > 0
+
+
+def test_a_key_one_prompt_ahead_but_holding_fewer_seats_goes_first_and_further_ahead_waits():
+    admission = FairAdmission(tie_tolerance=256)
+    heavy, light = make_seq(8, "heavy"), make_seq(8, "light")
+    for seq in (heavy, light):
+        admission.join(seq)
+    # light was charged a 200-token prompt when its last request got in; heavy's counter grows over 14 seats
+    admission.vtc.counters.update(heavy=1000.0, light=1200.0)
+    admission.seats.update(heavy=14, light=1)
+    assert list(admission.order([heavy, light], step=0)) == [light, heavy]
+    admission.vtc.counters["light"] = 1300.0  # past the tolerance: the counter decides, whatever the seats
+    assert list(admission.order([heavy, light], step=0)) == [heavy, light]
+    admission.vtc.counters["light"] = 1200.0
+    admission.seats.update(light=14)  # tied on both: the exact counter decides
+    assert list(admission.order([heavy, light], step=0)) == [heavy, light]
+    exact = FairAdmission(tie_tolerance=0)  # plain VTC: the least served first
+    for seq in (heavy, light):
+        exact.join(seq)
+    exact.vtc.counters.update(heavy=1000.0, light=1200.0)
+    exact.seats.update(heavy=14, light=1)
+    assert list(exact.order([heavy, light], step=0)) == [heavy, light]
+
+
+def test_two_requests_of_a_key_arriving_together_both_get_seats_at_the_next_step():
+    scheduler = make_scheduler(max_num_seqs=6, max_tokens=64, preempt_threshold=1e9, min_run_steps=1)
+    hogs = [make_seq(8, "hog", max_output=1000) for _ in range(8)]
+    for seq in hogs:
+        scheduler.add(seq)
+    run(scheduler, 2)
+    light = [make_seq(8, "light", max_output=1000) for _ in range(3)]
+    for seq in light[:2]:
+        scheduler.add(seq)
+    assert run(scheduler, 1) == light[:2]  # two victims in one step, each seat counted as light's
+    assert scheduler.admission.num_fair_preemptions == 2 and scheduler.admission.seats == {"hog": 4, "light": 2}
+    scheduler.add(light[2])  # hog 4 -> 3 against light 2 -> 3: still level, one more move
+    assert run(scheduler, 1) == [light[2]]
+    run(scheduler, 20)  # 3 and 3: a move would leave hog 2 against light's 4, never done
+    assert scheduler.admission.num_fair_preemptions == 3 and scheduler.admission.seats == {"hog": 3, "light": 3}
