@@ -15,19 +15,20 @@ idling banks no credit. When nobody is backlogged the floor is the greatest coun
 start even.
 
 Waiting keys tied on the counter go by the seats they hold over their weight, fewest first, then by the exact
-counter, then by the inner policy's order. Counters less than ``tie_tolerance`` weighted tokens (default 256, about one prompt) above the least
-backlogged one count as tied: a light tenant is charged its whole prompt the step it is admitted, which lifts its
-counter past a heavy tenant's that grows a few tokens a step over many seats, and without the tolerance its next
-request would wait for the heavy one to catch up although it holds a fraction of its seats (the light tenant's p99
-TTFT in ``bench.fairness``). Counters further apart than that go by the counter alone, so VTC's bound on the gap
-between backlogged keys grows by the tolerance and no more.
+counter, then by the inner policy's order. Counters less than ``tie_tolerance`` weighted tokens (default 256, about
+one prompt) above the least backlogged one count as tied: a light tenant is charged its whole prompt the step it is
+admitted, which lifts its counter past a heavy tenant's that grows a few tokens a step over many seats, and without
+the tolerance its next request would wait for the heavy one to catch up although it holds a fraction of its seats
+(the light tenant's p99 TTFT in ``bench.fairness``). Counters further apart than that go by the counter alone, so
+VTC's bound on the gap between backlogged keys grows by the tolerance and no more.
 
 Running sequences are preempted for fairness only when the batch has no seat or blocks for the least-served
 waiting key, and only past a stated imbalance:
 
 - *seat leveling*: a running key no less served (within the tie tolerance) holds more seats over its weight than
-  the waiting key would with one more (``(seats - 1) / weight >= (its seats + 1) / its weight``). A light tenant whose request arrives at a
-  batch full of a heavy tenant's gets a seat at the next step instead of waiting for one to free. A seat only
+  the waiting key would with one more (``(seats - 1) / weight >= (its seats + 1) / its weight``). A light tenant
+  whose request arrives at a batch full of a heavy tenant's gets a seat at the next step instead of waiting for one
+  to free. A seat only
   moves from a key that, after the move, still holds at least as many weighted seats as the one it went to, so the
   reverse move is never allowed and two keys cannot trade a seat back and forth (each such preemption lowers the
   sum over keys of seats squared over weight).
