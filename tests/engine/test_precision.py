@@ -12,6 +12,7 @@ import torch
 
 from engine import LLM, LoRARequest, SamplingParams
 from kernels.cpu import lora as cpu_lora
+from kernels.cpu import rotary_kv
 from tests.support.peft_factory import make_peft_adapter
 
 MAX_TOKENS = 24
@@ -48,6 +49,11 @@ def test_bf16_runs_in_bf16_samples_from_fp32_logits_and_agrees_with_fp32(tiny_ll
     runner = llm.llm_engine.model_runner
     assert {p.dtype for p in runner.model.parameters()} == {torch.bfloat16}
     assert runner.kv_cache.dtype == torch.bfloat16 and llm.llm_engine.stats()["gemm"]["dtype"] == "bfloat16"
+    # the rotary tables stay float32 (exact angles), so the C rotary takes the bf16 q and k
+    rotary = runner.model.rotary
+    assert rotary.cos.dtype == rotary.sin.dtype == torch.float32
+    cos, sin = rotary(torch.arange(3))
+    assert rotary_kv.rotary(torch.randn(3, 2, runner.model_config.head_dim).bfloat16(), cos, sin) is not None
     hidden = torch.randn(3, runner.model_config.hidden_size).bfloat16()
     with torch.inference_mode():
         assert runner.model.compute_logits(hidden).dtype == torch.float32
