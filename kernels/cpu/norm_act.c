@@ -15,22 +15,7 @@
 
 #include "vec8.h"
 
-static inline float to_float(bf16 h) {
-    const uint32_t u = (uint32_t)h << 16;
-    float f;
-    memcpy(&f, &u, sizeof f);
-    return f;
-}
-
-/* Round to nearest even as torch does; a NaN stays a quiet NaN. Branch-free, so the loops vectorize. */
-static inline bf16 to_bf16(float f) {
-    uint32_t u;
-    memcpy(&u, &f, sizeof u);
-    const uint32_t rounded = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
-    return (bf16)((u & 0x7fffffffu) > 0x7f800000u ? 0x7fc0u : rounded);
-}
-
-static inline float round_bf16(float f) { return to_float(to_bf16(f)); }
+static inline float round_bf16(float f) { return bf16_to_float(float_to_bf16(f)); }
 
 /* The fewest elements worth a second thread (its wake-up costs ~10 us). */
 #define PARALLEL_ELEMENTS (1 << 16)
@@ -42,20 +27,21 @@ static void norm_row(bf16 *x, const bf16 *delta, const bf16 *weight, bf16 *out, 
     if (delta != NULL) {
 #pragma omp simd reduction(+ : squares)
         for (int64_t i = 0; i < hidden; ++i) {
-            const float v = round_bf16(to_float(x[i]) + to_float(delta[i]));
-            x[i] = to_bf16(v);
+            const float v = round_bf16(bf16_to_float(x[i]) + bf16_to_float(delta[i]));
+            x[i] = float_to_bf16(v);
             squares += v * v;
         }
     } else {
 #pragma omp simd reduction(+ : squares)
         for (int64_t i = 0; i < hidden; ++i) {
-            const float v = to_float(x[i]);
+            const float v = bf16_to_float(x[i]);
             squares += v * v;
         }
     }
     const float rstd = 1.0f / sqrtf(squares / (float)hidden + eps);
 #pragma omp simd
-    for (int64_t i = 0; i < hidden; ++i) out[i] = to_bf16(to_float(x[i]) * rstd * to_float(weight[i]));
+    for (int64_t i = 0; i < hidden; ++i)
+        out[i] = float_to_bf16(bf16_to_float(x[i]) * rstd * bf16_to_float(weight[i]));
 }
 
 /* out[r] = rms_norm(x[r]) for rows of `hidden` contiguous values; with delta (may be NULL) x[r] += delta[r]

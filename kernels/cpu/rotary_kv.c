@@ -13,20 +13,6 @@
 
 #include "vec8.h"
 
-static inline float bf16_to_float(bf16 h) {
-    const uint32_t u = (uint32_t)h << 16;
-    float f;
-    memcpy(&f, &u, sizeof f);
-    return f;
-}
-
-static inline bf16 float_to_bf16(float f) {
-    uint32_t u;
-    memcpy(&u, &f, sizeof u);
-    if ((u & 0x7fffffffu) > 0x7f800000u) return 0x7fc0;
-    return (bf16)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
-}
-
 #ifdef ACT_BF16
 #define ACT_TO_FLOAT(x) bf16_to_float(x)
 #define FLOAT_TO_ACT(x) float_to_bf16(x)

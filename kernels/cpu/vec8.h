@@ -26,6 +26,22 @@ typedef uint16_t bf16;
 typedef uint16_t vh __attribute__((vector_size(LANES * sizeof(uint16_t))));
 typedef uint32_t vu __attribute__((vector_size(LANES * sizeof(uint32_t))));
 
+/* One bfloat16 to float32 and back, scalar: exact widening, and rounding to nearest even as torch does (a NaN to
+ * the quiet NaN 0x7fc0, denormals kept). Branch-free, so loops over them vectorize. */
+static inline float bf16_to_float(bf16 h) {
+    const uint32_t u = (uint32_t)h << 16;
+    float f;
+    memcpy(&f, &u, sizeof f);
+    return f;
+}
+
+static inline bf16 float_to_bf16(float f) {
+    uint32_t u;
+    memcpy(&u, &f, sizeof u);
+    const uint32_t rounded = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
+    return (bf16)((u & 0x7fffffffu) > 0x7f800000u ? 0x7fc0u : rounded);
+}
+
 #if defined(__AVX2__)
 #include <immintrin.h>
 #endif
