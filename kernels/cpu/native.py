@@ -23,7 +23,9 @@ logger = logging.getLogger(__name__)
 # -ffast-math lets gcc vectorize the dot-product reductions; infinities stay defined for the softmax.
 FLAGS = ("-O3", "-march=native", "-ffast-math", "-fno-finite-math-only", "-fopenmp", "-shared", "-fPIC", "-std=c11")
 # Sources whose results must equal torch's bit for bit: every float op as written, no reassociation, no FMA.
-SOURCE_FLAGS = {"rotary_kv": ("-fno-fast-math", "-ffp-contract=off")}
+# norm_act's sums vectorize through `omp simd`; built without -ffast-math it also links no crtfastmath, whose
+# constructor turns on flush-to-zero in the loading thread (hypothesis, for one, then refuses to run).
+SOURCE_FLAGS = {"rotary_kv": ("-fno-fast-math", "-ffp-contract=off"), "norm_act": ("-fno-fast-math",)}
 
 
 def enabled() -> bool:
