@@ -20,11 +20,13 @@ from pathlib import Path
 
 logger = logging.getLogger(__name__)
 
-# -ffast-math lets gcc vectorize the dot-product reductions; infinities stay defined for the softmax.
-FLAGS = ("-O3", "-march=native", "-ffast-math", "-fno-finite-math-only", "-fopenmp", "-shared", "-fPIC", "-std=c11")
+# -ffast-math lets gcc vectorize the dot-product reductions; infinities stay defined for the softmax. It applies to
+# the compile step only: linked with -ffast-math, a library gets crtfastmath, whose constructor turns on
+# flush-to-zero and denormals-are-zero in whatever thread loads it (torch's main thread, for one).
+FLAGS = ("-O3", "-march=native", "-ffast-math", "-fno-finite-math-only", "-fopenmp", "-fPIC", "-std=c11")
+LINK_FLAGS = ("-shared", "-fopenmp")
 # Sources whose results must equal torch's bit for bit: every float op as written, no reassociation, no FMA.
-# norm_act's sums vectorize through `omp simd`; built without -ffast-math it also links no crtfastmath, whose
-# constructor turns on flush-to-zero in the loading thread (hypothesis, for one, then refuses to run).
+# norm_act's sums vectorize through `omp simd` without -ffast-math.
 SOURCE_FLAGS = {"rotary_kv": ("-fno-fast-math", "-ffp-contract=off"), "norm_act": ("-fno-fast-math",)}
 
 
@@ -69,8 +71,8 @@ def load(name: str, variant: tuple[str, ...] = ()) -> ctypes.CDLL | None:
     headers = [path.read_bytes() for path in sorted(source.parent.glob("*.h"))]  # what the sources include
     flags = (*FLAGS, *SOURCE_FLAGS.get(name, ()), *(f"-D{define}" for define in variant))
     digest = hashlib.sha256(
-        b"\0".join([source.read_bytes(), *headers, " ".join(flags).encode(), compiler.encode(),
-                     _cpu_fingerprint().encode()])
+        b"\0".join([source.read_bytes(), *headers, " ".join(flags).encode(), " ".join(LINK_FLAGS).encode(),
+                     compiler.encode(), _cpu_fingerprint().encode()])
     ).hexdigest()[:16]
     target = cache_dir() / f"{name}-{digest}.so"
     if not target.exists():
@@ -89,9 +91,12 @@ def _build(compiler: str, flags: tuple[str, ...], source: Path, target: Path) ->
     # Build to a temporary name and rename, so concurrent processes never load a half-written library.
     fd, tmp = tempfile.mkstemp(suffix=".so", dir=target.parent)
     os.close(fd)
-    try:
-        subprocess.run([compiler, *flags, str(source), "-o", tmp, "-lm"], check=True, capture_output=True, timeout=120)
+    obj = tmp.removesuffix(".so") + ".o"
+    try:  # compile, then link without the compile's -ffast-math (see FLAGS)
+        subprocess.run([compiler, *flags, "-c", str(source), "-o", obj], check=True, capture_output=True, timeout=120)
+        subprocess.run([compiler, *LINK_FLAGS, obj, "-o", tmp, "-lm"], check=True, capture_output=True, timeout=120)
         os.replace(tmp, target)
     finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
+        for path in (tmp, obj):
+            if os.path.exists(path):
+                os.unlink(path)

@@ -7,7 +7,6 @@ import torch.nn.functional as F
 from kernels.cpu import native, norm_act
 
 
-
 @pytest.fixture(autouse=True)
 def built():
     """Built when a test runs, not at collection (a loaded library's constructors run in the loading thread)."""
