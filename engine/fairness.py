@@ -28,10 +28,9 @@ waiting key, and only past a stated imbalance:
 - *seat leveling*: a running key no less served (within the tie tolerance) holds more seats over its weight than
   the waiting key would with one more (``(seats - 1) / weight >= (its seats + 1) / its weight``). A light tenant
   whose request arrives at a batch full of a heavy tenant's gets a seat at the next step instead of waiting for one
-  to free. A seat only
-  moves from a key that, after the move, still holds at least as many weighted seats as the one it went to, so the
-  reverse move is never allowed and two keys cannot trade a seat back and forth (each such preemption lowers the
-  sum over keys of seats squared over weight).
+  to free. A seat only moves from a key that, after the move, still holds at least as many weighted seats as the
+  one it went to, so the reverse move is never allowed and two keys cannot trade a seat back and forth (each such
+  preemption lowers the sum over keys of seats squared over weight).
 - *counter gap*: the waiting key's counter is more than ``preempt_threshold`` weighted tokens below a running
   key's (it waits for lack of blocks, or with weights that seat leveling does not see).
 - *priority*: an ``interactive`` sequence waits behind ``batch`` ones.
@@ -39,9 +38,8 @@ waiting key, and only past a stated imbalance:
 The victim ran at least ``min_run_steps`` steps since it was last admitted: the newest sequence of the running key
 holding the most seats over its weight (then the most served). A step may preempt one victim for each sequence the
 waiting key has queued, each seat freed counted as the waiting key's: two requests of a light tenant arriving
-together both get in at the next step. A preempted
-sequence keeps its key's counter; its recompute is charged like any prefill, and mostly hits its own blocks in
-the prefix cache.
+together both get in at the next step. A preempted sequence keeps its key's counter; its recompute is charged like
+any prefill, and mostly hits its own blocks in the prefix cache.
 
 With no keys and one priority (every request unkeyed and ``interactive``), the inner policy's order is kept as is:
 today's behaviour. Keys are opaque strings; ``/stats`` shows their counters, never a tenant's name.
