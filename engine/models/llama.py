@@ -20,7 +20,7 @@ from engine.batch_metadata import BatchMetadata
 from engine.config import ModelConfig
 from engine.models.linear import LoRAWeights, Projection, ProjectionShard
 from engine.models.rotary import RotaryEmbedding, apply_rotary
-from kernels.cpu import norm_act
+from kernels.cpu import rms_norm
 
 
 class RMSNorm(nn.Module):
@@ -31,19 +31,15 @@ class RMSNorm(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # [num_tokens, hidden]
         # In float32 this is HF's formula bit for bit (mean of squares, rsqrt, scale), in one call; in bfloat16 on
-        # CPU one C call with torch's roundings (kernels.cpu.norm_act).
-        if x.device.type == "cpu" and x.dtype == torch.bfloat16:
-            out = norm_act.add_rms_norm(x, None, self.weight, self.eps)
-            if out is not None:
-                return out
-        return F.rms_norm(x, self.weight.shape, self.weight, self.eps)
+        # CPU one C call with torch's roundings (kernels.cpu.rms_norm, None where it does not apply).
+        out = rms_norm.add_rms_norm(x, None, self.weight, self.eps)
+        return out if out is not None else F.rms_norm(x, self.weight.shape, self.weight, self.eps)
 
     def add_forward(self, residual: torch.Tensor, delta: torch.Tensor) -> torch.Tensor:
         """``residual += delta`` in place, then the norm of it: the residual stream's add fused with the next norm."""
-        if residual.device.type == "cpu" and residual.dtype == torch.bfloat16:
-            out = norm_act.add_rms_norm(residual, delta, self.weight, self.eps)
-            if out is not None:
-                return out
+        out = rms_norm.add_rms_norm(residual, delta, self.weight, self.eps)
+        if out is not None:
+            return out
         residual += delta
         return F.rms_norm(residual, self.weight.shape, self.weight, self.eps)
 

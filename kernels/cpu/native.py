@@ -26,8 +26,8 @@ logger = logging.getLogger(__name__)
 FLAGS = ("-O3", "-march=native", "-ffast-math", "-fno-finite-math-only", "-fopenmp", "-fPIC", "-std=c11")
 LINK_FLAGS = ("-shared", "-fopenmp")
 # Sources whose results must equal torch's bit for bit: every float op as written, no reassociation, no FMA.
-# norm_act's sums vectorize through `omp simd` without -ffast-math.
-SOURCE_FLAGS = {"rotary_kv": ("-fno-fast-math", "-ffp-contract=off"), "norm_act": ("-fno-fast-math",)}
+# rms_norm's sums vectorize through `omp simd` without -ffast-math.
+SOURCE_FLAGS = {"rotary_kv": ("-fno-fast-math", "-ffp-contract=off"), "rms_norm": ("-fno-fast-math",)}
 
 
 def enabled() -> bool:

@@ -1,8 +1,8 @@
-"""The C RMSNorm (with the residual add before it) of ``norm_act.c``, for bfloat16 on CPU.
+"""The C RMSNorm (with the residual add before it) of ``rms_norm.c``, for bfloat16 on CPU.
 
 It returns None where the C build is missing or a tensor is not a contiguous bfloat16 CPU tensor of the expected
 shape, and the caller runs torch's op: the results agree with torch's to one bfloat16 unit in the last place,
-rarely (``norm_act.c``).
+rarely (``rms_norm.c``).
 """
 
 import ctypes
@@ -15,7 +15,7 @@ _P, _I = ctypes.c_void_p, ctypes.c_int64
 
 
 def _library():
-    library = native.load("norm_act", ("ACT_BF16",))
+    library = native.load("rms_norm", ("ACT_BF16",))
     if library is not None and not getattr(library, "_typed", False):
         library.add_rms_norm.restype = None
         library.add_rms_norm.argtypes = [_P, _P, _P, _P, _I, _I, ctypes.c_float, _I]

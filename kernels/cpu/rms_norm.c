@@ -6,7 +6,7 @@
  *
  * The same roundings as torch's bfloat16 ops, in the same places (values widen to float32 exactly, the add rounds,
  * then x * rstd * w rounds once), so the result differs from torch's only where the float32 sum of squares, taken
- * in another order, tips a rounding: one bfloat16 unit in the last place, rarely (tests/kernels/test_norm_act.py).
+ * in another order, tips a rounding: one bfloat16 unit in the last place, rarely (tests/kernels/test_rms_norm.py).
  * Built for ACT_BF16 only (vec8.h): float32 models keep torch's op, which matches HF's bit for bit.
  */
 #include <math.h>

@@ -1,16 +1,16 @@
-"""The C RMSNorm (+ residual add) of kernels/cpu/norm_act.c against torch's bfloat16 op."""
+"""The C RMSNorm (+ residual add) of kernels/cpu/rms_norm.c against torch's bfloat16 op."""
 
 import pytest
 import torch
 import torch.nn.functional as F
 
-from kernels.cpu import native, norm_act
+from kernels.cpu import native, rms_norm
 
 
 @pytest.fixture(autouse=True)
 def built():
     """Built when a test runs, not at collection (a loaded library's constructors run in the loading thread)."""
-    if native.load("norm_act", ("ACT_BF16",)) is None:
+    if native.load("rms_norm", ("ACT_BF16",)) is None:
         pytest.skip("no C compiler")
 
 
@@ -28,26 +28,26 @@ def test_rms_norm_matches_torch_and_adds_the_residual_in_place(rows, hidden):
     expected_x = x + delta
     expected = F.rms_norm(expected_x, (hidden,), weight, 1e-5)
 
-    out = norm_act.add_rms_norm(x, delta, weight, 1e-5)
+    out = rms_norm.add_rms_norm(x, delta, weight, 1e-5)
 
     assert torch.equal(x, expected_x)  # the residual stream took the add, rounded as torch rounds it
     # one rounding of x * rstd * w, as torch's: only the order of the float32 sum of squares differs
     assert int(ulps_apart(out, expected).max()) <= 1
     assert (out != expected).float().mean() < 1e-3
-    plain = norm_act.add_rms_norm(expected_x.clone(), None, weight, 1e-5)
+    plain = rms_norm.add_rms_norm(expected_x.clone(), None, weight, 1e-5)
     assert torch.equal(plain, out)
 
 
 def test_nan_spreads_through_the_row_as_in_torch():
     x = torch.tensor([[float("nan")] + [1.0] * 7, [1.0] * 8]).bfloat16()
-    out = norm_act.add_rms_norm(x, None, torch.ones(8).bfloat16(), 1e-5)
+    out = rms_norm.add_rms_norm(x, None, torch.ones(8).bfloat16(), 1e-5)
     assert out[0].isnan().all() and torch.equal(out[1], F.rms_norm(x[1:], (8,), torch.ones(8).bfloat16(), 1e-5)[0])
 
 
 def test_what_it_does_not_take_is_left_to_torch():
     weight = torch.ones(8).bfloat16()
-    assert norm_act.add_rms_norm(torch.ones(2, 8), None, weight, 1e-5) is None  # float32
-    assert norm_act.add_rms_norm(torch.ones(8, 2).bfloat16().t(), None, weight, 1e-5) is None  # not contiguous
+    assert rms_norm.add_rms_norm(torch.ones(2, 8), None, weight, 1e-5) is None  # float32
+    assert rms_norm.add_rms_norm(torch.ones(8, 2).bfloat16().t(), None, weight, 1e-5) is None  # not contiguous
     x = torch.ones(2, 8).bfloat16()
-    assert norm_act.add_rms_norm(x, torch.ones(2, 4).bfloat16(), weight, 1e-5) is None  # delta of another shape
+    assert rms_norm.add_rms_norm(x, torch.ones(2, 4).bfloat16(), weight, 1e-5) is None  # delta of another shape
     assert torch.equal(x, torch.ones(2, 8).bfloat16())  # nothing was added
