@@ -47,6 +47,9 @@ CASES = {
     # head_dim not a multiple of 8: the C loop refuses it and the torch path answers
     "odd-head-dim": dict(seq_lens=[9, 30], query_lens=[1, 3], num_q_heads=2, num_kv_heads=1, head_dim=20,
                          block_size=4),
+    # blocks larger than the bf16 dot-product path's stack copy (it walks them in chunks of 32 tokens)
+    "decode-big-blocks": dict(seq_lens=[300, 1, 129, 64, 31, 256, 200, 7], query_lens=[1, 1, 3, 1, 1, 1, 1, 1],
+                              num_q_heads=9, num_kv_heads=3, head_dim=64, block_size=128),
     # a sequence with no queries this step
     "idle-seq": dict(seq_lens=[10, 20], query_lens=[0, 2], num_q_heads=4, num_kv_heads=2, head_dim=16,
                      block_size=4),
@@ -89,6 +92,21 @@ def test_bfloat16_matches_reference(case, q_dtype, kv_dtype, cpu_path, monkeypat
     assert got.dtype == q_dtype
     rtol, atol = (2**-7, 1e-3) if in_c else (2e-2, 2e-2)
     torch.testing.assert_close(got.float(), reference.paged_attention(*args).float(), rtol=rtol, atol=atol)
+
+
+def test_bfloat16_dot_products_where_the_cpu_has_them():
+    """On a CPU with AVX512-BF16 the bf16 build takes its vdpbf16ps path (the cases above then test that path)."""
+    library = native.load("paged_attention", ("ACT_BF16", "KV_BF16"))
+    assert library is not None, "the C kernel did not build: a C compiler is part of the CPU setup"
+    expected = int({"avx512_bf16", "avx512bw"} <= _cpu_flags())
+    assert library.paged_attention_bf16_dots() == expected, f"avx512_bf16 in cpu flags: {bool(expected)}"
+
+
+def _cpu_flags() -> set[str]:
+    for line in open("/proc/cpuinfo").read().splitlines():
+        if line.startswith("flags"):
+            return set(line.split(":", 1)[1].split())
+    return set()
 
 
 def _fail(message):
