@@ -9,6 +9,9 @@ from pathlib import Path
 # Native bf16 dot products: AVX-512 BF16 (vdpbf16ps) or AMX tiles. Without them oneDNN emulates bf16 through
 # fp32 and gains nothing over fp32 but the halved weight traffic.
 NATIVE_BF16_FLAGS = frozenset({"avx512_bf16", "amx_bf16"})
+# int8 dot products summed exactly in int32 (VNNI's vpdpbusd, AMX tiles). Without them oneDNN's u8 x s8 kernels add
+# pairs of products in saturating int16 (AVX2's vpmaddubsw), several percent off.
+INT8_DOT_FLAGS = frozenset({"avx512_vnni", "avx_vnni", "amx_int8"})
 # Flags that change which GEMM kernels oneDNN and MKL dispatch to: a cached GEMM choice is only valid on a CPU
 # with the same ones.
 GEMM_FLAGS = frozenset({
@@ -25,6 +28,10 @@ class CpuInfo:
     @property
     def has_native_bf16(self) -> bool:
         return bool(self.flags & NATIVE_BF16_FLAGS)
+
+    @property
+    def has_int8_dot(self) -> bool:
+        return bool(self.flags & INT8_DOT_FLAGS)
 
     @property
     def gemm_flags(self) -> list[str]:

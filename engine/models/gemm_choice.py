@@ -2,12 +2,12 @@
 start-up, cached on disk, bound to every ``Projection``.
 
 Each distinct projection (q|k|v, o, gate|up, down, the vocabulary) is timed on every path its weights' format has
-(``engine.models.gemm``: float weights on ``torch``/``onednn``, int8 ones on ``w8a8``/``w8a16``) at M = 1, 2, 4,
-... up to the most rows a step gives it (``max_num_batched_tokens``; for the vocabulary ``max_num_seqs``, as it
-only sees the sampled rows). The calls cycle through that projection's weights in every layer, so small M mostly
-reads them from memory as a step does, not from a warm cache. Band ``(M/2, M]`` takes the fastest path at M,
-unless the path that wins most bands for the shape is within ``_MARGIN`` there: a second path for a shape costs a
-second copy of its weights.
+(``engine.models.gemm``: float weights on ``torch``/``onednn``, int8 ones on ``w8a16``/``dequantized`` and, in the
+projections ``quant.allows_w8a8`` names, ``w8a8``) at M = 1, 2, 4, ... up to the most rows a step gives it
+(``max_num_batched_tokens``; for the vocabulary ``max_num_seqs``, as it only sees the sampled rows). The calls cycle
+through that projection's weights in every layer, so small M mostly reads them from memory as a step does, not from
+a warm cache. Band ``(M/2, M]`` takes the fastest path at M, unless the path that wins most bands for the shape is
+within ``_MARGIN`` there: a second path for a shape costs a second copy of its weights.
 
 The choice is cached in ``$ENGINE_GEMM_CACHE_DIR`` (default ``~/.cache/lora-platform/gemm``) under a key made of
 the CPU model and its GEMM-relevant flags, the torch version, the thread count, the dtype, the paths and the
@@ -30,7 +30,7 @@ import torch
 from engine.cpu_info import cpu_info
 from engine.models.gemm import PATHS, LinearKernel, available_paths
 from engine.models.linear import Projection
-from engine.models.quant import weight_format
+from engine.models.quant import allows_w8a8, weight_format
 
 logger = logging.getLogger(__name__)
 
@@ -107,7 +107,8 @@ def choose_gemm(model, *, mode: str, dtype: torch.dtype, device: torch.device, m
                          f"(available: {', '.join(dense)})")
     fixed, timed = {}, []
     for group in groups:
-        group.paths = available_paths(device.type, dtype, group.weight_format)
+        group.paths = tuple(path for path in available_paths(device.type, dtype, group.weight_format)
+                            if path != "w8a8" or allows_w8a8(group.name))
         if mode != "auto" and group.weight_format == "dense":
             fixed[group.name] = [(group.max_tokens, mode)]
         elif len(group.paths) == 1:

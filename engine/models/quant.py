@@ -13,14 +13,16 @@ Paths (each takes activations in the model's dtype and returns the model's dtype
   * ``w8a16`` (what ``quantization="int8"`` runs): ``torch.ops.aten._weight_int8pack_mm``, activations in bf16, the
     int8 weight widened in the kernel. An fp32 model's activations are rounded to bf16 for it (and the result
     widened back): its fp32 kernel ran at 7 GFLOP/s on the Sapphire Rapids VM (scalar code), bf16 at 50-165;
-  * ``w8a8``: each token's activations quantized to int8 with its own scale (amax / 127) at every call, int8 x int8
-    -> int32 sums in oneDNN's inner product on a weight prepacked once (``torch.ops.onednn.qlinear_prepack`` +
-    ``qlinear_pointwise``: VNNI / AMX-INT8), times the weight's scales in oneDNN, then each row's own scale.
-    Its GEMM alone ran 1.4-2x oneDNN bf16 at M >= 128 on that VM, but SmolLM2-135M fails the int8 quality gates
-    with it (teacher-forced greedy agreement 89.6%, perplexity +2.1% in bf16; 88.3%, +5.9% in fp32: per-token
-    activation rounding of the MLP's down projection input, which has outliers), where ``w8a16`` passes them
-    (94.5%, +0.8%). So it is not among the paths the GEMM choice times; it stays for models and
-    smoothing (SmoothQuant-style scales) that keep within the gates;
+  * ``w8a8``: each token's activations quantized to 8 bits with its own scale (amax / 127, unsigned with zero point
+    128: :func:`quantize_rows`) at every call, u8 x s8 -> int32 sums in oneDNN's inner product on a weight
+    prepacked once (``torch.ops.onednn.qlinear_prepack`` + ``qlinear_pointwise``: VNNI / AMX-INT8), times the
+    weight's scales in oneDNN, then each row's own scale. Offered only on CPUs whose int8 dot products sum exactly
+    (``cpu_info.INT8_DOT_FLAGS``), and only to the projections in :data:`W8A8_PROJECTIONS`: rounding every input of
+    every projection to 8 bits per token fails SmolLM2-135M's int8 quality gates (teacher-forced greedy agreement
+    89.6%, perplexity +2.1% in bf16 on the Sapphire Rapids VM; 89.8%, +4.7% with q|k|v, o and gate|up on a Zen 4
+    EPYC, the down projection's input having outliers), where the gate|up projection alone passes them (93.0%,
+    -0.8% in bf16; 91.7%, +1.9% in fp32; weight-only w8a16 elsewhere). Its GEMM at M = 64 on that EPYC: 690
+    GFLOP/s against oneDNN bf16's 386, 526 with the activations' quantization and rescaling;
   * ``w4a16``: ``torch.ops.aten._weight_int4pack_mm_for_cpu`` on the packed 4-bit weight, the only int4 path.
 """
 
@@ -28,6 +30,8 @@ from dataclasses import dataclass
 from functools import cache
 
 import torch
+
+from engine.cpu_info import cpu_info
 
 INT4_GROUP = 32  # GGUF's Q4_0 / Q4_1 block: one scale (and offset) per 32 inputs
 INT4_ROWS = 16  # torch's CPU int4 packing takes weights whose rows (outputs) are a multiple of this
@@ -84,9 +88,11 @@ def weight_format(weight) -> str:
 
 # ---- per-token activation quantization (W8A8)
 def quantize_rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Each row of x [M, in] to int8 with its own scale: ([M, in] int8, [M, 1] float32)."""
+    """Each row of x [M, in] to 8 bits with its own scale: ([M, in] uint8 holding round(x / scale) + 128, [M, 1]
+    float32). Unsigned with zero point 128, not int8: oneDNN's int8 GEMM takes unsigned activations natively (VNNI's
+    vpdpbusd multiplies u8 by s8); signed ones fell to a reference kernel on AMD EPYC (0.2 GFLOP/s against 550)."""
     scales = x.abs().amax(dim=-1, keepdim=True).float().clamp_min_(1e-12).div_(127)  # [M, 1]
-    return (x / scales).round_().to(torch.int8), scales  # |x / scale| <= 127 by construction
+    return (x / scales).round_().add_(128).to(torch.uint8), scales  # |x / scale| <= 127 by construction
 
 
 # ---- the paths: pack (weight -> operand) and run (x, operand, bias)
@@ -103,10 +109,10 @@ def w8a8_pack(weight: Int8Weight) -> _W8A8Operand:
 
 
 def w8a8_run(x: torch.Tensor, operand: _W8A8Operand, bias: torch.Tensor | None) -> torch.Tensor:
-    xq, x_scales = quantize_rows(x)  # [M, in] int8, [M, 1]
+    xq, x_scales = quantize_rows(x)  # [M, in] uint8, [M, 1]
     # oneDNN takes one activation scale per call: 1 there, each row's scale applied to the fp32 result. The bias
     # is added after that, so it is not scaled by it.
-    y = torch.ops.onednn.qlinear_pointwise(xq, 1.0, 0, operand.packed, operand.scales, operand.zero_points, None,
+    y = torch.ops.onednn.qlinear_pointwise(xq, 1.0, 128, operand.packed, operand.scales, operand.zero_points, None,
                                            1.0, 0, torch.float32, "none", [], "")  # [M, out] float32
     y.mul_(x_scales)
     if bias is not None:
@@ -151,14 +157,24 @@ def w4a16_run(x: torch.Tensor, operand: dict, bias: torch.Tensor | None) -> torc
 @cache
 def quantized_paths(device_type: str, dtype: torch.dtype, fmt: str) -> tuple[str, ...]:
     """The paths that multiply ``dtype`` activations by a weight of format ``fmt`` on this device, each tried once
-    (an op may be missing from a build or refuse a CPU)."""
+    (an op may be missing from a build or refuse a CPU). ``w8a8`` is among them where int8 dot products sum exactly;
+    :func:`allows_w8a8` says which projections may take it."""
     if device_type != "cpu":
         raise ValueError(f"quantized weights run on CPU only in this engine (device {device_type!r})")
-    candidates = {"int8": ("w8a16",), "int4": ("w4a16",)}[fmt]  # w8a8: see the module docstring
+    int8 = ("w8a16", "w8a8") if cpu_info().has_int8_dot else ("w8a16",)
+    candidates = {"int8": int8, "int4": ("w4a16",)}[fmt]
     paths = tuple(name for name in candidates if _works(name, dtype))
     if not paths:
         raise ValueError(f"this torch build has no {fmt} GEMM for {dtype} on this CPU")
     return paths
+
+
+# The projections (``GemmGroup.name``) whose inputs w8a8 may round to 8 bits a token: see the module docstring.
+W8A8_PROJECTIONS = frozenset({"gate_proj+up_proj"})
+
+
+def allows_w8a8(projection: str) -> bool:
+    return projection in W8A8_PROJECTIONS
 
 
 def _works(name: str, dtype: torch.dtype) -> bool:

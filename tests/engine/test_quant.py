@@ -8,6 +8,7 @@ import torch.nn.functional as F
 from engine import LLM, SamplingParams
 from engine.config import EngineConfig, ModelConfig
 from engine.cpu_info import cpu_info
+from engine.models import gemm_choice
 from engine.models.gemm import LinearKernel, available_paths
 from engine.models.gguf_file import _Piece
 from engine.models.linear import Projection
@@ -21,9 +22,9 @@ PROMPTS = [[5, 6, 7, 8, 9], list(range(40, 71))]
 # (out, in): SmolLM2-135M's q|k|v, gate|up and down, and a small one
 SHAPES = [(960, 576), (3072, 576), (576, 1536), (32, 64)]
 # int8 dot products in hardware. Without them oneDNN's u8 x s8 kernels add pairs of products in saturating int16
-# (AVX2's vpmaddubsw), and w8a8's outputs drift by several percent (5% on an AVX2-only AMD EPYC VM); the engine
-# never offers w8a8 (quant.py), so its accuracy is asserted only where the hardware sums exactly.
-INT8_DOT = bool(cpu_info().flags & {"avx512_vnni", "avx_vnni", "amx_int8"})
+# (AVX2's vpmaddubsw), and w8a8's outputs drift by several percent (5% on an AVX2-only AMD EPYC VM): the engine
+# offers w8a8 only where the hardware sums exactly, and its accuracy is asserted there.
+INT8_DOT = cpu_info().has_int8_dot
 
 
 def _weight(out_features, in_features, seed):
@@ -52,10 +53,11 @@ def test_int8_paths_compute_f_linear_of_the_dequantized_weight(dtype, out_featur
     q = quantize_int8(weight)
     bias = torch.randn(out_features, generator=g).to(dtype)
     reference = q.dequantize()
-    # w8a8 misses the quality gates (quant.py); dequantized: the same values as a dense oneDNN weight, where this
+    # w8a8 where int8 dot products sum exactly; dequantized: the same values as a dense oneDNN weight, where this
     # CPU's oneDNN takes the dtype (bf16 needs AVX-512)
     dense = "onednn" in available_paths("cpu", dtype)
-    assert available_paths("cpu", dtype, "int8") == (("w8a16", "dequantized") if dense else ("w8a16",))
+    expected_paths = ("w8a16",) + (("w8a8",) if INT8_DOT else ()) + (("dequantized",) if dense else ())
+    assert available_paths("cpu", dtype, "int8") == expected_paths
     for path in ("w8a16",) + (("w8a8",) if INT8_DOT else ()) + (("dequantized",) if dense else ()):
         kernel = LinearKernel(q, bias, [(1, path)])
         for m in (1, 7, 64, 300):
@@ -130,8 +132,9 @@ def test_an_int8_engine_quantizes_every_decoder_projection_and_generates_like_fp
     stats = int8.llm_engine.stats()["gemm"]
     assert stats["weights"] == {"q_proj+k_proj+v_proj": "int8", "o_proj": "int8", "gate_proj+up_proj": "int8",
                                 "down_proj": "int8", "lm_head": "dense"}
-    assert all(band["path"] in ("w8a16", "dequantized") for name, bands in stats["bands"].items()
-               if name != "lm_head" for band in bands)  # the int8 values, by the weight-only kernel or densely
+    for name, bands in stats["bands"].items():  # the int8 values, by the weight-only kernel or densely; w8a8
+        allowed = ("w8a16", "dequantized") + (("w8a8",) if name == "gate_proj+up_proj" else ())  # for gate|up only
+        assert name == "lm_head" or all(band["path"] in allowed for band in bands), (name, bands)
     model = int8.llm_engine.model_runner.model
     assert all(p.weight is None and p.quantized is not None for p in model.layers.modules()
                if isinstance(p, Projection))
@@ -142,6 +145,24 @@ def test_an_int8_engine_quantizes_every_decoder_projection_and_generates_like_fp
     reference = logits_of(plain.llm_engine.model_runner.model, sequence)[0]
     error = float((logits_of(model, sequence)[0] - reference).norm() / reference.norm())
     assert error < 0.04, error  # a random model: no trained structure keeps the errors small
+
+
+def test_w8a8_is_timed_for_the_gate_up_projection_only_and_where_int8_dots_are_exact(tiny_llama, tmp_path,
+                                                                                   monkeypatch):
+    """The GEMM choice times w8a8 only where quant.allows_w8a8 (gate|up: SmolLM2's quality gates) and the CPU has
+    exact int8 dot products; every other projection stays weight-only."""
+    timed = {}
+    real = gemm_choice._time_group
+
+    def spy(group, dtype):
+        timed[group.name] = group.paths
+        return real(group, dtype)
+
+    monkeypatch.setattr(gemm_choice, "_time_group", spy)
+    monkeypatch.setenv("ENGINE_GEMM_CACHE_DIR", str(tmp_path))  # timed now, not read from a cache
+    LLM(str(tiny_llama), dtype="bfloat16", quantization="int8", num_kv_blocks=64, block_size=4)
+    assert {name for name, paths in timed.items() if "w8a8" in paths} == ({"gate_proj+up_proj"} if INT8_DOT else set())
+    assert all("w8a16" in paths for name, paths in timed.items() if name != "lm_head")
 
 
 @pytest.mark.parametrize(("qtype", "fmt"), [("Q8_0", "int8"), ("Q4_0", "int4"), ("Q4_1", "int4")])
