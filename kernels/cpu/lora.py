@@ -5,11 +5,14 @@ so it is kept and reused while ``token_slots`` holds the same values; a kept cop
 re-planning). Which path runs:
 
 * **the C loop** (``kernels/cpu/lora.c``; activations and adapter weights both float32 or both bfloat16, float32
-  sums; up to 512 tokens with an adapter, sizes multiples of 8): each token one work item, its slot's A or B rows
-  read from cache (tokens in slot order share them), its h or y row written once. A decode step's LoRA is a few
-  MFLOP per projection, and torch pays tens of microseconds per op around such small products: with 8 adapters at
-  rank 16 on SmolLM2-135M (``bench.multi_lora --quick``), the LoRA ops of a 62-token decode step took about 60 ms
-  in torch and 32 ms with the C loop.
+  sums; sizes multiples of 8; float32 batches up to 512 tokens with an adapter, bfloat16 ones of any size): up to
+  four tokens of one slot a work item, each row of A or B they read loaded once for all of them, each h or y row
+  written once. A decode step's LoRA is a few MFLOP per projection, and torch pays tens of microseconds per op
+  around such small products: with 8 adapters at rank 16 on SmolLM2-135M (``bench.multi_lora --quick``), the LoRA
+  ops of a 62-token decode step took about 60 ms in torch and 32 ms with the C loop. In bfloat16 the paths below
+  convert every slice to float32 first, and lost to the C loop at every batch size (q|k|v's shrink and expand, 8
+  slots, Zen 4 VM: 70 against 941 us at 64 tokens, 1638 against 3000 at 2048); in float32 torch's GEMMs win from
+  about 2048 tokens (1565 against 1902 us).
 * **padded** (the same small batches when the C loop does not apply: float16, odd ranks, no compiler): every slot
   from the lowest to the highest one in use is a group of ``L`` rows (``L`` = the most tokens any slot has), the
   tokens gathered into them once, padding rows repeating a real row with a zero scale. Each op is one ``bmm``
@@ -60,8 +63,8 @@ class _Plan:
     max_slot: int = -1
 
 
-# The C path (kernels/cpu/lora.c) and the padded plan are taken for at most this many tokens with an
-# adapter: past that, torch's GEMMs over runs of tokens beat their per-token products and padding.
+# The padded plan, and the C path (kernels/cpu/lora.c) for float32, are taken for at most this many tokens with
+# an adapter: past that, torch's GEMMs over runs of tokens beat them. bfloat16 takes the C path at any size.
 _SMALL_BATCH = 512
 
 # The padded plan is taken while its rows stay within _PAD_FACTOR times the tokens with an adapter (plus
@@ -86,11 +89,12 @@ def _plan(token_slots: torch.Tensor) -> _Plan:
     covers_all = len(runs) == len(values)
     native_rows = native_slots = padded = None
     num_valid = sum(end - start for _, start, end in runs)
-    if 0 < num_valid <= _SMALL_BATCH:  # the token rows with an adapter in slot order, for both small-batch paths
+    if num_valid > 0:  # the token rows with an adapter in slot order, for the C loop and the padded plan
         native_rows = torch.nonzero(slots >= 0).squeeze(1)
         native_slots, order = torch.sort(slots.index_select(0, native_rows), stable=True)
         native_rows = native_rows.index_select(0, order)
-        padded = _padded_plan(slots, runs, num_valid, native_rows, native_slots)
+        if num_valid <= _SMALL_BATCH:
+            padded = _padded_plan(slots, runs, num_valid, native_rows, native_slots)
     extra = dict(native_rows=native_rows, native_slots=native_slots,
                  max_slot=max((slot for slot, _, _ in runs), default=-1))
     if padded is not None:
@@ -120,7 +124,7 @@ def lora_shrink(
 ) -> torch.Tensor:  # [num_tokens, max_rank] float32
     plan = _plan(token_slots)
     num_tokens, max_rank = x.shape[0], lora_a.shape[1]
-    if plan.native_rows is not None and plan.max_slot < lora_a.shape[0]:
+    if _takes_native(plan, x.dtype) and plan.max_slot < lora_a.shape[0]:
         h = _native_shrink(x, lora_a, plan)
         if h is not None:
             return h
@@ -149,7 +153,7 @@ def lora_expand(
     slices: tuple[int, ...] | None = None,  # output sizes of a fused projection's parts
 ) -> None:
     plan = _plan(token_slots)
-    if plan.native_rows is not None and plan.max_slot < lora_b.shape[0] and _native_expand(
+    if _takes_native(plan, y.dtype) and plan.max_slot < lora_b.shape[0] and _native_expand(
             y, h, lora_b, scales, plan, slices or (y.shape[1],)):
         return
     if plan.padded is not None:
@@ -269,6 +273,10 @@ def _library(dtype: torch.dtype):
                                              ctypes.c_int64, ctypes.c_int64])
         library._typed = True
     return library
+
+
+def _takes_native(plan: _Plan, dtype: torch.dtype) -> bool:
+    return plan.native_rows is not None and (dtype == torch.bfloat16 or plan.native_rows.shape[0] <= _SMALL_BATCH)
 
 
 def _native_shrink(x: torch.Tensor, lora_a: torch.Tensor, plan: _Plan) -> torch.Tensor | None:

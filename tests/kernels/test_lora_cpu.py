@@ -288,6 +288,31 @@ def test_float32_decode_batches_take_the_c_loop(cpu_path, monkeypatch):
             cpu.lora_shrink(x, lora_a, token_slots)
 
 
+@pytest.mark.parametrize(("dtype", "native"), [(torch.bfloat16, True), (torch.float32, False)])
+def test_large_batches_take_the_c_loop_in_bf16_and_torch_gemms_in_fp32(dtype, native, cpu_path, monkeypatch):
+    """Past 512 tokens with an adapter float32 goes to torch's GEMMs over runs; bfloat16 stays on the C loop, which
+    beat torch's float32 conversions at every size measured (kernels/cpu/lora.py). With native kernels off the C
+    loop is tried and declines."""
+    lora_a, lora_b, scales = make_buffers(576, 960, [16, 8, 16, 4, 16], 16, dtype=dtype)
+    token_slots = slots_for(1000, seed=5, order="sorted")
+    x, y = torch.randn(1000, 576).to(dtype), torch.randn(1000, 960).to(dtype)
+    taken = []
+    for name in ("_native_shrink", "_native_expand"):
+        real = getattr(cpu_lora, name)
+        monkeypatch.setattr(cpu_lora, name, lambda *args, real=real: taken.append(real(*args)) or taken[-1])
+    y_ref = y.float()
+    h = cpu.lora_shrink(x, lora_a, token_slots)
+    cpu.lora_expand(y, h, lora_b, token_slots, scales)
+    reference.lora_expand(y_ref, reference.lora_shrink(x.float(), lora_a.float(), token_slots), lora_b.float(),
+                          token_slots, scales)
+    if cpu_path == "native":
+        assert len(taken) == (2 if native else 0)
+        assert all(result is not None and result is not False for result in taken)
+    else:
+        assert all(result is None or result is False for result in taken)
+    torch.testing.assert_close(y.float(), y_ref, atol=2e-2, rtol=2e-2)
+
+
 def test_shapes_that_do_not_fit_are_refused_before_the_c_loop():
     lora_a, lora_b, scales = make_buffers(576, 192, [16] * NUM_SLOTS, 16)
     token_slots = slots_for(8, seed=1, order="identity")
