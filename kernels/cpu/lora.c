@@ -38,6 +38,40 @@ static inline void store_sums(const vf acc[8], float *out0, float *out1) {
     for (int j = 0; j < 4; ++j) out0[j] = sums[j], out1[j] = sums[4 + j];
 }
 
+#if defined(ACT_BF16) && defined(__AVX512BF16__)
+/* bf16 x and A on a CPU with AVX512-BF16: vdpbf16ps multiplies 32 bf16 pairs into 16 float32 sums in one instruction
+ * (the products of two bf16 are exact in float32, as in the loop below; the sums go in another order). A tile of
+ * TILE tokens x 4 rows of A is 16 accumulators, reduced together. in_features must be a multiple of 32. */
+_Static_assert(TILE * 4 == 16, "a tile is one hsum16");
+static void shrink_tile_dp(const act_t *const xs[TILE], const act_t *a, int64_t in_features, int64_t rank_total,
+                           float *const hs[TILE]) {
+    for (int64_t r = 0; r < rank_total; r += 4) {
+        __m512 acc[TILE * 4];
+        for (int i = 0; i < TILE * 4; ++i) acc[i] = _mm512_setzero_ps();
+        const act_t *ar = a + r * in_features;
+        for (int64_t k = 0; k < in_features; k += 32) {
+            __m512bh av[4];
+            for (int j = 0; j < 4; ++j) av[j] = (__m512bh)_mm512_loadu_si512(ar + j * in_features + k);
+            for (int t = 0; t < TILE; ++t) {
+                const __m512bh xv = (__m512bh)_mm512_loadu_si512(xs[t] + k);
+                for (int j = 0; j < 4; ++j) acc[t * 4 + j] = _mm512_dpbf16_ps(acc[t * 4 + j], av[j], xv);
+            }
+        }
+        float sums[TILE * 4];
+        _mm512_storeu_ps(sums, hsum16(acc));
+        for (int t = 0; t < TILE; ++t)
+            if (hs[t] != NULL)
+                for (int j = 0; j < 4; ++j) hs[t][r + j] = sums[t * 4 + j];
+    }
+}
+#define HAVE_DP 1
+#else
+#define HAVE_DP 0
+#endif
+
+/* 1 when this build's bf16 shrink runs on vdpbf16ps (above), else 0: for the tests. */
+int lora_bf16_dots(void) { return HAVE_DP; }
+
 /* h[rows[i], 0:R] = lora_a[slots[i]] @ x[rows[i]]: four rows of A at a time against up to TILE tokens' x. */
 int lora_shrink(const act_t *x, int64_t x_stride, const act_t *lora_a, int64_t in_features, int64_t rank_total,
                 const int64_t *rows, const int64_t *slots, int64_t num_rows, float *h, int64_t num_threads) {
@@ -55,6 +89,12 @@ int lora_shrink(const act_t *x, int64_t x_stride, const act_t *lora_a, int64_t i
             xs[t] = x + rows[first + (t < n ? t : n - 1)] * x_stride;
             hs[t] = t < n ? h + rows[first + t] * rank_total : NULL;
         }
+#if HAVE_DP
+        if (in_features % 32 == 0) {
+            shrink_tile_dp(xs, a, in_features, rank_total, hs);
+            continue;
+        }
+#endif
         for (int64_t r = 0; r < rank_total; r += 4) {
             vf acc[TILE][4];
             for (int t = 0; t < TILE; ++t)

@@ -235,24 +235,6 @@ TILE(0)  /* any other multiple of 8 up to 256 */
  * their kv heads: a whole block for SmolLM2. */
 #define DP_KEYS 16
 
-/* {hsum(a[0]), ..., hsum(a[15])}: a transpose folded into the sums, 30 shuffles and 15 adds. */
-static inline __m512 hsum16(const __m512 a[DP_KEYS]) {
-    __m512 b[8], c[4], d[2];
-    for (int i = 0; i < 8; ++i) /* 256-bit halves: b[i] = [8 partials of a[2i] | 8 of a[2i+1]] */
-        b[i] = _mm512_add_ps(_mm512_shuffle_f32x4(a[2 * i], a[2 * i + 1], 0x44),
-                             _mm512_shuffle_f32x4(a[2 * i], a[2 * i + 1], 0xEE));
-    for (int i = 0; i < 4; ++i) /* 128-bit lanes: c[i] = [4 partials of a[4i], a[4i+1], a[4i+2], a[4i+3]] */
-        c[i] = _mm512_add_ps(_mm512_shuffle_f32x4(b[2 * i], b[2 * i + 1], 0x88),
-                             _mm512_shuffle_f32x4(b[2 * i], b[2 * i + 1], 0xDD));
-    for (int i = 0; i < 2; ++i) /* in each 128-bit lane j: 2 partials of a[8i+j], 2 of a[8i+j+4] */
-        d[i] = _mm512_add_ps(_mm512_shuffle_ps(c[2 * i], c[2 * i + 1], 0x44),
-                             _mm512_shuffle_ps(c[2 * i], c[2 * i + 1], 0xEE));
-    /* lane j: a[j], a[j+4], a[j+8], a[j+12]; then key k back to position k */
-    const __m512 e = _mm512_add_ps(_mm512_shuffle_ps(d[0], d[1], 0x88), _mm512_shuffle_ps(d[0], d[1], 0xDD));
-    const __m512i order = _mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15);
-    return _mm512_permutexvar_ps(order, e);
-}
-
 /* The values of keys t and t+1 (span elements each, rows `stride` apart; t+1 missing when `odd`) interleaved: out[2d] =
  * v_t[d], out[2d+1] = v_t+1[d]. span is a multiple of 32. */
 static inline void interleave_pair(bf16 *out, const bf16 *v, int64_t stride, int64_t span, int odd) {

@@ -42,7 +42,7 @@ static inline bf16 float_to_bf16(float f) {
     return (bf16)((u & 0x7fffffffu) > 0x7f800000u ? 0x7fc0u : rounded);
 }
 
-#if defined(__AVX2__)
+#if defined(__AVX2__) || defined(__AVX512F__)
 #include <immintrin.h>
 #endif
 
@@ -74,6 +74,26 @@ static inline void store_bf16(bf16 *p, vf v) {
     const vu nan = (vu)((u & 0x7fffffffu) > 0x7f800000u);
     const vh h = __builtin_convertvector((rounded & ~nan) | (((u >> 16) | 0x40u) & nan), vh);
     memcpy(p, &h, sizeof h);
+}
+#endif
+
+#if defined(__AVX512F__)
+/* {hsum(a[0]), ..., hsum(a[15])} of 16 floats each: a transpose folded into the sums, 30 shuffles and 15 adds. */
+static inline __m512 hsum16(const __m512 a[16]) {
+    __m512 b[8], c[4], d[2];
+    for (int i = 0; i < 8; ++i) /* 256-bit halves: b[i] = [8 partials of a[2i] | 8 of a[2i+1]] */
+        b[i] = _mm512_add_ps(_mm512_shuffle_f32x4(a[2 * i], a[2 * i + 1], 0x44),
+                             _mm512_shuffle_f32x4(a[2 * i], a[2 * i + 1], 0xEE));
+    for (int i = 0; i < 4; ++i) /* 128-bit lanes: c[i] = [4 partials of a[4i], a[4i+1], a[4i+2], a[4i+3]] */
+        c[i] = _mm512_add_ps(_mm512_shuffle_f32x4(b[2 * i], b[2 * i + 1], 0x88),
+                             _mm512_shuffle_f32x4(b[2 * i], b[2 * i + 1], 0xDD));
+    for (int i = 0; i < 2; ++i) /* in each 128-bit lane j: 2 partials of a[8i+j], 2 of a[8i+j+4] */
+        d[i] = _mm512_add_ps(_mm512_shuffle_ps(c[2 * i], c[2 * i + 1], 0x44),
+                             _mm512_shuffle_ps(c[2 * i], c[2 * i + 1], 0xEE));
+    /* lane j: a[j], a[j+4], a[j+8], a[j+12]; then the sum of a[k] to lane k */
+    const __m512 e = _mm512_add_ps(_mm512_shuffle_ps(d[0], d[1], 0x88), _mm512_shuffle_ps(d[0], d[1], 0xDD));
+    const __m512i order = _mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15);
+    return _mm512_permutexvar_ps(order, e);
 }
 #endif
 

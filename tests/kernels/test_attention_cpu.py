@@ -5,6 +5,7 @@ import torch
 
 import kernels
 import kernels.reference as reference
+from engine.cpu_info import cpu_info
 from kernels.cpu import attention, native
 from tests.kernels.conftest import cpu_paths
 
@@ -98,15 +99,8 @@ def test_bfloat16_dot_products_where_the_cpu_has_them():
     """On a CPU with AVX512-BF16 the bf16 build takes its vdpbf16ps path (the cases above then test that path)."""
     library = native.load("paged_attention", ("ACT_BF16", "KV_BF16"))
     assert library is not None, "the C kernel did not build: a C compiler is part of the CPU setup"
-    expected = int({"avx512_bf16", "avx512bw"} <= _cpu_flags())
+    expected = int({"avx512_bf16", "avx512bw"} <= cpu_info().flags)
     assert library.paged_attention_bf16_dots() == expected, f"avx512_bf16 in cpu flags: {bool(expected)}"
-
-
-def _cpu_flags() -> set[str]:
-    for line in open("/proc/cpuinfo").read().splitlines():
-        if line.startswith("flags"):
-            return set(line.split(":", 1)[1].split())
-    return set()
 
 
 def _fail(message):

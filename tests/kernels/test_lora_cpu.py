@@ -4,8 +4,10 @@ import pytest
 import torch
 
 import kernels
+from engine.cpu_info import cpu_info
 from kernels import cpu, reference
 from kernels.cpu import lora as cpu_lora
+from kernels.cpu import native
 from tests.kernels.conftest import cpu_paths
 
 # (in_features, out_features) of q/o, k/v, gate/up and down in SmolLM2-135M.
@@ -311,6 +313,16 @@ def test_large_batches_take_the_c_loop_in_bf16_and_torch_gemms_in_fp32(dtype, na
     else:
         assert all(result is None or result is False for result in taken)
     torch.testing.assert_close(y.float(), y_ref, atol=2e-2, rtol=2e-2)
+
+
+def test_bf16_dot_products_where_the_cpu_has_them(cpu_path):
+    """On a CPU with AVX512-BF16 the bf16 build's shrink runs on vdpbf16ps (the bf16 tests above then test it)."""
+    library = native.load("lora", ("ACT_BF16",))
+    if cpu_path == "torch":  # native kernels off
+        assert library is None
+        return
+    assert library is not None, "the C kernel did not build: a C compiler is part of the CPU setup"
+    assert library.lora_bf16_dots() == int("avx512_bf16" in cpu_info().flags)
 
 
 def test_shapes_that_do_not_fit_are_refused_before_the_c_loop():
