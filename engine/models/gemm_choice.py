@@ -177,8 +177,11 @@ def _time_group(group: GemmGroup, dtype: torch.dtype):
     table: dict[str, list] = {"tokens": group.token_counts(), **{name: [] for name in paths}}
     for m in table["tokens"]:
         x = torch.randn(m, first.in_features, generator=generator).to(dtype)  # [M, in]
-        for name, seconds in _fastest_calls(paths, operands, biases, x).items():
-            table[name].append(round(2 * m * first.in_features * first.out_features / seconds / 1e9, 1))
+        fits = tuple(name for name in paths if PATHS[name].max_tokens is None or m <= PATHS[name].max_tokens)
+        seconds = _fastest_calls(fits, operands, biases, x)
+        for name in paths:  # a path past its max_tokens counts as 0 GFLOP/s: never chosen there
+            flops = 2 * m * first.in_features * first.out_features
+            table[name].append(round(flops / seconds[name] / 1e9, 1) if name in seconds else 0.0)
     return table, operands
 
 

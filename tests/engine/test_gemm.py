@@ -7,7 +7,7 @@ import torch
 import torch.nn.functional as F
 
 from engine import LLM, SamplingParams
-from engine.cpu_info import CpuInfo
+from engine.cpu_info import CpuInfo, cpu_info
 from engine.models import gemm_choice
 from engine.models.gemm import PATHS, GemmPath, LinearKernel, available_paths
 from engine.models.linear import Projection
@@ -30,7 +30,8 @@ def test_this_torch_build_has_onednn_for_fp32_and_for_bf16_where_the_cpu_has_it(
     assert available_paths("cpu", torch.float32) == ("torch", "onednn")
     # oneDNN's bf16 needs AVX-512 (its own check, not ours): an AVX2-only CPU runs bf16 on F.linear alone
     bf16 = ("torch", "onednn") if torch.ops.mkldnn._is_mkldnn_bf16_supported() else ("torch",)
-    assert available_paths("cpu", torch.bfloat16) == bf16
+    gemv = ("gemv",) if "avx512_bf16" in cpu_info().flags else ()  # kernels/cpu/gemv.c: tests/kernels/test_gemv.py
+    assert available_paths("cpu", torch.bfloat16) == bf16 + gemv
     assert available_paths("cuda", torch.bfloat16) == ("torch",)  # cuBLAS through F.linear, nothing else
 
 
@@ -64,6 +65,24 @@ def test_the_kernel_runs_the_path_of_each_token_counts_band(monkeypatch):
     assert [kernel(torch.zeros(m, 4)) for m in (1, 2, 3, 8, 9, 100)] == ["a", "a", "b", "b", "b", "b"]
     with pytest.raises(ValueError, match="bands"):
         LinearKernel(torch.zeros(4, 4), None, [(2, "cublas")])
+
+
+def test_a_path_is_timed_and_chosen_only_up_to_its_max_tokens(monkeypatch):
+    """A path with max_tokens (the bf16 GEMV: four) is called at no larger M while timing and counts 0 GFLOP/s
+    there, so no band past it takes it, however fast its calls would be."""
+    calls = []
+
+    def fast(x, weight, bias):
+        calls.append(x.shape[0])
+        return x @ weight.t()
+
+    monkeypatch.setitem(PATHS, "small", GemmPath("small", lambda w: w, fast, max_tokens=2))
+    projection = Projection("model.layers.0.mlp", 16, [("down_proj", 16)], bias=False)
+    group = gemm_choice.GemmGroup("down_proj", [projection], 8, paths=("torch", "small"))
+    table, _ = gemm_choice._time_group(group, torch.float32)
+    assert table["tokens"] == [1, 2, 4, 8] and set(calls) == {1, 2}
+    assert table["small"][2:] == [0.0, 0.0] and all(value > 0 for value in table["torch"])
+    assert all(path == "torch" for limit, path in gemm_choice._pick(table) if limit > 2)
 
 
 @needs_onednn

@@ -1,0 +1,56 @@
+"""The bf16 GEMV of kernels/cpu/gemv.c (the GEMM choice's ``gemv`` path) against float32 products of the same values."""
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from engine.cpu_info import cpu_info
+from engine.models.gemm import PATHS, available_paths
+from kernels.cpu import gemv
+
+HAS_DOTS = "avx512_bf16" in cpu_info().flags
+
+
+def _operands(m, n, k, bias, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(m, k, generator=g).bfloat16()
+    w = (torch.randn(n, k, generator=g) / k**0.5).bfloat16()
+    b = torch.randn(n, generator=g).bfloat16() if bias else None
+    return x, w, b
+
+
+def test_available_exactly_where_the_cpu_has_bf16_dot_products():
+    assert gemv.available() == HAS_DOTS
+    assert ("gemv" in available_paths("cpu", torch.bfloat16)) == HAS_DOTS
+    assert "gemv" not in available_paths("cpu", torch.float32)
+
+
+@pytest.mark.skipif(not HAS_DOTS, reason="the kernel needs AVX512-BF16; other CPUs never offer the path")
+@pytest.mark.parametrize("m", [1, 2, 3, 4])
+@pytest.mark.parametrize(("n", "k", "bias"),
+                         [(960, 576, False), (576, 1536, True), (49152, 576, False), (16, 32, True)])
+def test_matches_float32_products_within_one_bf16_rounding(m, n, k, bias):
+    """Products of bf16 values are exact in float32 and the sums are float32 in another order; the result is rounded
+    to bf16 once: within 2^-8 of the float32 result (plus 1e-3 near zero)."""
+    x, w, b = _operands(m, n, k, bias, seed=m + n)
+    y = gemv.gemv(x, w, b)
+    assert y is not None and y.dtype == torch.bfloat16 and y.shape == (m, n)
+    expected = F.linear(x.float(), w.float(), None if b is None else b.float())
+    torch.testing.assert_close(y.float(), expected, rtol=2**-8, atol=1e-3)
+
+
+def test_declines_what_it_does_not_compute():
+    x, w, b = _operands(1, 960, 576, True)
+    assert gemv.gemv(x.float(), w.float(), None) is None  # float32
+    assert gemv.gemv(torch.cat([x] * 5), w, b) is None  # more than four rows
+    assert gemv.gemv(x[:, :560].contiguous(), w[:, :560].contiguous(), None) is None  # K not a multiple of 32
+    assert gemv.gemv(x, w[:952].contiguous(), None) is None  # N not a multiple of 16
+    assert gemv.gemv(x, w[:, ::2], None) is None  # not contiguous
+
+
+@pytest.mark.parametrize("m", [1, 8])
+def test_the_gemm_path_falls_back_to_f_linear_past_the_kernel(m):
+    x, w, b = _operands(m, 960, 576, True, seed=3)
+    path = PATHS["gemv"]
+    y = path.run(x, path.pack(w), b)
+    torch.testing.assert_close(y.float(), F.linear(x.float(), w.float(), b.float()), rtol=2**-7, atol=2e-2)
