@@ -179,8 +179,8 @@ def _time_group(group: GemmGroup, dtype: torch.dtype):
         x = torch.randn(m, first.in_features, generator=generator).to(dtype)  # [M, in]
         fits = tuple(name for name in paths if PATHS[name].max_tokens is None or m <= PATHS[name].max_tokens)
         seconds = _fastest_calls(fits, operands, biases, x)
+        flops = 2 * m * first.in_features * first.out_features
         for name in paths:  # a path past its max_tokens counts as 0 GFLOP/s: never chosen there
-            flops = 2 * m * first.in_features * first.out_features
             table[name].append(round(flops / seconds[name] / 1e9, 1) if name in seconds else 0.0)
     return table, operands
 

@@ -30,9 +30,10 @@ int gemv_bf16(const bf16 *x, int64_t m, const bf16 *w, const bf16 *bias, int64_t
                     acc[j] = _mm512_dpbf16_ps(acc[j], (__m512bh)_mm512_loadu_si512(rows + j * k + i), xv);
             }
             __m512 sums = hsum16(acc);
-            if (bias != NULL)
-                sums = _mm512_add_ps(sums, _mm512_castsi512_ps(_mm512_slli_epi32(
-                                               _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)(bias + block * 16))), 16)));
+            if (bias != NULL) { /* 16 bf16 widened exactly: their bits in the top half of a float32 */
+                const __m256i b = _mm256_loadu_si256((const __m256i *)(bias + block * 16));
+                sums = _mm512_add_ps(sums, _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(b), 16)));
+            }
             _mm256_storeu_si256((__m256i *)(y + r * n + block * 16), (__m256i)_mm512_cvtneps_pbh(sums));
         }
     }
