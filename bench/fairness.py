@@ -12,7 +12,8 @@ One server (``python -m engine serve``, a child process, ``--max-num-seqs`` seat
   4. the same arrivals without keys (first come, first served): what fairness changed.
 Each run also reports the engine's mean step time and output tokens per step (from ``/metrics``): the first is what
 one step of waiting costs, which the batch size and CPU contention move (``python -m bench.fairness_steps`` counts
-the waits in steps instead); the second is the throughput the schedule gives, which contention does not move.
+the waits in steps instead); the second is the throughput the schedule gives, which contention does not move (with
+keys it runs ~5% lower by design: a light tenant's prompt gets a step of its own, see ``engine.fairness``).
 Every request has a 64-128 token prompt of random ids (fresh ids each run, so no run reads another's prefix cache)
 and 32 greedy output tokens (EOS ignored). The load client
 shares the two cores with the server: the figures compare with each other, not with another run's.

@@ -9,9 +9,11 @@ sampled whenever a sequence's prompt is computed: ``--max-num-seqs`` seats, a 2,
 finishes on the step that samples its 32nd token), so capacity is ``seats / 33`` requests a step; the light key
 arrives at 1/11 of 150% of that and the heavy key at 10x the light one (Poisson, in steps). Per seed: the light
 key's wait from its arrival to the step that samples its first token (1 step at best: the step that computes its
-prompt) alone, with both keys, and with both unkeyed (arrival order); the fairness preemptions, and the output
-tokens per step with and without keys (work conservation: about equal while the heavy key keeps the batch full; a
-preempted sequence recomputes only what the prefix cache lost).
+prompt) alone, with both keys, and with both unkeyed (arrival order); the tokens of the step in flight when a light
+request arrives (its wait for that step, which the prompt ration bounds while keys compete); the fairness
+preemptions, and the output tokens per step with and without keys (a preempted sequence recomputes only what the
+prefix cache lost; the steps a favoured key has to itself lower it by ~5% with keys without costing as much time:
+such a step computes the light prompt alone, and the decodes it leaves out run in the next).
 Results: ``bench/results/fairness-steps-<time>.json``.
 """
 
@@ -48,6 +50,8 @@ def replay(seed: int, steps: int, max_num_seqs: int, *, keyed: bool, with_heavy:
     arrived: dict[str, int] = {}
     waits: list[int] = []
     first_step_tokens: list[int] = []  # tokens computed by the step that samples a light request's first token
+    arrival_step_tokens: list[int] = []  # tokens of the step running when a light request arrives (its wait for it)
+    last_step_tokens = 0
     sampled_tokens = 0
     for step in range(steps):
         for tenant, rate in rates.items():
@@ -59,11 +63,14 @@ def replay(seed: int, steps: int, max_num_seqs: int, *, keyed: bool, with_heavy:
                 seq.fair_share = FairShare.of(tenant if keyed else None, 1.0, None)
                 scheduler.add(seq)
                 arrived[seq.request_id] = step
+                if tenant == LIGHT:
+                    arrival_step_tokens.append(last_step_tokens)
                 due[tenant] += rng.expovariate(rate)
         out = scheduler.schedule()
         sampled = [7 if seq.num_computed_tokens + n >= seq.num_tokens else None
                    for seq, n in zip(out.seqs, out.num_new_tokens, strict=True)]
         scheduler.update(out, sampled)
+        last_step_tokens = out.num_batched_tokens
         sampled_tokens += sum(token is not None for token in sampled)
         for seq, token in zip(out.seqs, sampled, strict=True):
             if token is not None and seq.num_output_tokens == 1 and seq.request_id.startswith(LIGHT):
@@ -72,6 +79,7 @@ def replay(seed: int, steps: int, max_num_seqs: int, *, keyed: bool, with_heavy:
         scheduler.finish([seq for seq in out.seqs if seq.num_output_tokens >= OUTPUT_TOKENS], "length")
     return {"light_requests": len(waits), "light_wait_steps": _percentiles(waits),
             "light_first_step_tokens": _percentiles(first_step_tokens),
+            "light_arrival_step_tokens": _percentiles(arrival_step_tokens),
             "fair_preemptions": scheduler.admission.num_fair_preemptions,
             "output_tokens_per_step": sampled_tokens / steps}
 
@@ -97,7 +105,9 @@ def main(argv: list[str] | None = None) -> int:
             print(f"seed {seed} {name:5}: light wait p50 {waits['p50']:.0f} p99 {waits['p99']:.1f} max "
                   f"{waits['max']:.0f} steps ({result['light_requests']} requests), its first-token step "
                   f"p50 {result['light_first_step_tokens']['p50']:.0f} p99 "
-                  f"{result['light_first_step_tokens']['p99']:.0f} tokens; fairness preemptions "
+                  f"{result['light_first_step_tokens']['p99']:.0f} tokens, the step it arrives during p50 "
+                  f"{result['light_arrival_step_tokens']['p50']:.0f} p99 "
+                  f"{result['light_arrival_step_tokens']['p99']:.0f} tokens; fairness preemptions "
                   f"{result['fair_preemptions']}; {result['output_tokens_per_step']:.2f} output tokens/step",
                   flush=True)
         runs.append(run)

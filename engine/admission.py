@@ -9,6 +9,7 @@ which regroups the order by tenant and owns the hooks below that only fairness n
 
 import enum
 from collections.abc import Iterable
+from dataclasses import dataclass
 
 from engine.sequence import Sequence
 
@@ -17,6 +18,34 @@ class Decision(enum.Enum):
     ADMIT = "admit"
     SKIP = "skip"  # not now; those after it may still be admitted
     STOP = "stop"  # admit nobody else this step
+
+
+@dataclass(slots=True)
+class PrefillAllowance:
+    """How many prompt tokens one step may compute beyond what the token budget allows: the sequences of
+    ``favoured`` (a ``(priority, key)`` pair, or None) compute their prompts whole, every other sequence's prompt
+    chunk comes out of ``tokens``. ``exclusive``: the step is the favoured key's alone (no other sequence computes
+    anything, decodes included)."""
+
+    favoured: tuple | None
+    tokens: int
+    exclusive: bool = False
+
+    def excludes(self, seq: Sequence) -> bool:
+        share = seq.fair_share
+        return self.exclusive and (share.priority, share.key) != self.favoured
+
+    def allows(self, seq: Sequence, wanted: int) -> int:
+        """The prompt tokens ``seq`` may compute this step, of the ``wanted`` it lacks."""
+        share = seq.fair_share
+        if self.favoured is not None and (share.priority, share.key) == self.favoured:
+            return wanted
+        return min(wanted, self.tokens)
+
+    def spend(self, seq: Sequence, num_tokens: int) -> None:
+        share = seq.fair_share
+        if self.favoured is None or (share.priority, share.key) != self.favoured:
+            self.tokens -= num_tokens
 
 
 class FirstComeFirstServed:
@@ -57,4 +86,10 @@ class FirstComeFirstServed:
                freed: int = 0) -> Sequence | None:
         """A running sequence to preempt so a waiting one can be served (the batch has no room; ``freed`` seats were
         already freed this step); None: keep all."""
+        return None
+
+    def prefill_allowance(self, running: list[Sequence], waiting: Iterable[Sequence], step: int,
+                          free_seats: int) -> PrefillAllowance | None:
+        """The step's limit on prompt tokens beyond the token budget (called after :meth:`victim`, with the seats
+        then free); None: only the budget limits them."""
         return None

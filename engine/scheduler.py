@@ -14,7 +14,8 @@ wraps it in :class:`engine.fairness.FairAdmission`: waiting sequences go by tena
 service so far, then the fewest seats), and when the batch has no room one running sequence a step may be
 preempted for the least-served waiting tenant: when its tenant holds more seats (over its weight) than the waiting
 one would with one more, when the waiting tenant is far behind on service, or when it is ``batch`` and the waiting
-one ``interactive``.
+one ``interactive``. While keys compete it also rations the prompt tokens a step computes (``PrefillAllowance``):
+a few for the keys holding the most seats, the whole prompt for a seatless key, and a step of its own for it.
 """
 
 import bisect
@@ -22,7 +23,7 @@ from collections import deque
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
-from engine.admission import Decision, FirstComeFirstServed
+from engine.admission import Decision, FirstComeFirstServed, PrefillAllowance
 from engine.block_manager import BlockManager
 from engine.sequence import Sequence, SequenceStatus
 
@@ -65,6 +66,7 @@ class Scheduler:
         self.num_preemptions = 0
         self.num_steps = 0
         self._short_of_blocks = False  # the last step left waiting sequences out for want of KV blocks
+        self._allowance: PrefillAllowance | None = None  # this step's limit on prompt tokens, the policy's
 
     def add(self, seq: Sequence) -> None:
         assert seq.status is SequenceStatus.WAITING and not seq.block_table
@@ -79,6 +81,8 @@ class Scheduler:
         out = SchedulerOutput()
         if self.waiting and (len(self.running) >= self.max_num_seqs or self._short_of_blocks):
             self._preempt_for_fairness()
+        self._allowance = self.admission.prefill_allowance(self.running, self.waiting, self.num_steps,
+                                                           self.max_num_seqs - len(self.running))
         budget = self._schedule_running(out)
         self._short_of_blocks = False
         if not out.preempted:  # short of blocks: admitting more would only preempt again
@@ -102,9 +106,19 @@ class Scheduler:
         i = 0
         while i < len(self.running) and budget > 0:
             seq = self.running[i]
+            if self._allowance is not None and self._allowance.excludes(seq):  # another key's step: it waits
+                seq.spec_token_ids = []
+                i += 1
+                continue
             num_new = min(seq.num_tokens - seq.num_computed_tokens + len(seq.spec_token_ids), budget)
+            chunk = self._allowance is not None and num_new > 1 and not seq.spec_token_ids  # a prompt chunk
             if seq.spec_token_ids:  # a draft takes what the budget and the blocks leave, never a seat of another
                 num_new = self._fit_draft(seq, num_new)
+            elif chunk:
+                num_new = self._allowance.allows(seq, num_new)
+                if num_new == 0:  # its prompt waits for a step with room (it keeps its seat and blocks)
+                    i += 1
+                    continue
             while not self.block_manager.can_append(seq, num_new):
                 victim = self.running.pop()  # the newest; never one already scheduled (those are before i)
                 self._preempt(victim)
@@ -114,6 +128,8 @@ class Scheduler:
             self.block_manager.may_append(seq, num_new)
             out.add(seq, num_new)
             budget -= num_new
+            if chunk:
+                self._allowance.spend(seq, num_new)
             i += 1
         return budget
 
@@ -130,15 +146,22 @@ class Scheduler:
         for seq in self.admission.order(self.waiting, self.num_steps):
             if budget <= 0 or len(self.running) >= self.max_num_seqs:
                 break
+            allowed = budget if self._allowance is None else self._allowance.allows(seq, budget)
+            if allowed == 0:
+                if self._allowance.favoured is None:
+                    break  # nobody else may compute a prompt this step
+                continue
             decision = self.admission.decide(seq, self.num_steps, self.max_num_seqs - len(self.running))
             if decision is Decision.STOP:
                 break
             if decision is Decision.SKIP:
                 continue
-            num_new = self._admit(seq, budget)
+            num_new = self._admit(seq, allowed)
             if num_new == 0:
                 self._short_of_blocks = True
                 break  # short of blocks: nobody younger may overtake on blocks
+            if self._allowance is not None:
+                self._allowance.spend(seq, num_new)
             admitted.add(id(seq))
             bisect.insort(self.running, seq, key=_arrival)
             out.add(seq, num_new)

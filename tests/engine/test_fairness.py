@@ -342,3 +342,69 @@ def test_two_requests_of_a_key_arriving_together_both_get_seats_at_the_next_step
     assert run(scheduler, 1) == [light[2]]
     run(scheduler, 20)  # 3 and 3: a move would leave hog 2 against light's 4, never done
     assert scheduler.admission.num_fair_preemptions == 3 and scheduler.admission.seats == {"hog": 3, "light": 3}
+
+
+def step_tokens(out, key: str) -> list[int]:
+    return [n for seq, n in zip(out.seqs, out.num_new_tokens, strict=True) if seq.fair_share.key == key]
+
+
+def test_while_keys_compete_a_step_computes_few_prompt_tokens_for_the_crowd_and_its_whole_budget_after():
+    scheduler = make_scheduler(max_num_seqs=6, max_tokens=256, step_prefill_tokens=24, contention_steps=3)
+    light = make_seq(8, "light", max_output=6)
+    decoding = [make_seq(8, "heavy", max_output=1000) for _ in range(2)]
+    for seq in (*decoding, light):
+        scheduler.add(seq)
+    out = scheduler.schedule()  # no seats held yet, nobody favoured: three 8-token prompts fill the 24
+    assert sorted(out.num_new_tokens) == [8, 8, 8]
+    scheduler.update(out, [7, 7, 7])
+    heavy = [make_seq(40, "heavy", max_output=1000) for _ in range(3)]
+    for seq in heavy:
+        scheduler.add(seq)
+    prompts = []
+    while light.num_output_tokens < 6:
+        out = scheduler.schedule()
+        assert step_tokens(out, "light") == [1]  # its decode every step, never held back
+        prompts.append(sum(n for n in step_tokens(out, "heavy") if n > 1))
+        scheduler.update(out, [7 if s.num_computed_tokens + n >= s.num_tokens else None
+                               for s, n in zip(out.seqs, out.num_new_tokens, strict=True)])
+    assert prompts == [24, 24, 24, 24, 24]  # 120 prompt tokens of the key with more seats, 24 a step
+    scheduler.finish([light], "length")
+    run(scheduler, 3)  # heavy alone: the rationing ends 3 steps after light left
+    scheduler.finish(heavy, "length")
+    more = [make_seq(40, "heavy", max_output=1000) for _ in range(2)]
+    for seq in more:
+        scheduler.add(seq)
+    out = scheduler.schedule()
+    assert sorted(step_tokens(out, "heavy")) == [1, 1, 40, 40]  # the whole budget again
+
+
+def test_a_seatless_key_gets_a_step_of_its_own_for_its_whole_prompt_once():
+    scheduler = make_scheduler(max_num_seqs=4, max_tokens=256, step_prefill_tokens=8)
+    heavy = [make_seq(8, "heavy", max_output=1000) for _ in range(4)]
+    for seq in heavy:
+        scheduler.add(seq)
+    run(scheduler, 2)
+    scheduler.finish([heavy[0]], "length")  # a free seat
+    scheduler.add(make_seq(40, "heavy", max_output=1000))
+    light = make_seq(100, "light", max_output=1000)
+    scheduler.add(light)
+    out = scheduler.schedule()
+    assert out.seqs == [light] and out.num_new_tokens == [100]  # its prompt whole, beyond the 8; nobody else
+    scheduler.update(out, [7])
+    out = scheduler.schedule()  # then everyone runs (the new heavy sequence waits for a seat)
+    assert sorted(step_tokens(out, "heavy")) == [1, 1, 1] and step_tokens(out, "light") == [1]
+
+
+def test_a_favoured_key_that_cannot_get_in_does_not_hold_the_others_back_twice():
+    # 10 blocks of 4 tokens: the heavy sequences hold 6; light's 40-token prompt needs 10 and cannot get in
+    scheduler = make_scheduler(max_num_seqs=4, max_tokens=256, num_blocks=10, step_prefill_tokens=8)
+    heavy = [make_seq(8, "heavy", max_output=1000) for _ in range(3)]
+    for seq in heavy:
+        scheduler.add(seq)
+    run(scheduler, 1)
+    light = make_seq(40, "light", max_output=1)
+    scheduler.add(light)
+    out = scheduler.schedule()  # light's step: nobody else runs, and light is short of blocks
+    assert out.is_empty and light.num_computed_tokens == 0
+    out = scheduler.schedule()
+    assert step_tokens(out, "heavy") == [1, 1, 1]  # the heavy decodes go on
