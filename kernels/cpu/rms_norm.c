@@ -15,28 +15,24 @@
 
 #include "vec8.h"
 
-static inline float round_bf16(float f) { return bf16_to_float(float_to_bf16(f)); }
-
 /* The fewest elements worth a second thread (its wake-up costs ~10 us). */
 #define PARALLEL_ELEMENTS (1 << 16)
 
 /* One row of torch's rms_norm in bfloat16: out = round(x * rsqrt(mean(x^2) + eps) * w). With delta, the
  * residual stream takes the step's output first: x = round(x + delta), written back to x. */
 static void norm_row(bf16 *x, const bf16 *delta, const bf16 *weight, bf16 *out, int64_t hidden, float eps) {
-    float squares = 0.0f;
     if (delta != NULL) {
+#pragma omp simd
+        for (int64_t i = 0; i < hidden; ++i)
+            x[i] = float_to_bf16(bf16_to_float(x[i]) + bf16_to_float(delta[i]));
+    }
+    /* One loop for both cases, so a row's sum is taken in one order whether or not it was added to here (with the
+     * add fused in, the compiler vectorized the two loops differently on AVX2 and the sums differed). */
+    float squares = 0.0f;
 #pragma omp simd reduction(+ : squares)
-        for (int64_t i = 0; i < hidden; ++i) {
-            const float v = round_bf16(bf16_to_float(x[i]) + bf16_to_float(delta[i]));
-            x[i] = float_to_bf16(v);
-            squares += v * v;
-        }
-    } else {
-#pragma omp simd reduction(+ : squares)
-        for (int64_t i = 0; i < hidden; ++i) {
-            const float v = bf16_to_float(x[i]);
-            squares += v * v;
-        }
+    for (int64_t i = 0; i < hidden; ++i) {
+        const float v = bf16_to_float(x[i]);
+        squares += v * v;
     }
     const float rstd = 1.0f / sqrtf(squares / (float)hidden + eps);
 #pragma omp simd
