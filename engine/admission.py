@@ -31,20 +31,18 @@ class PrefillAllowance:
     tokens: int
     exclusive: bool = False
 
+    def _is_favoured(self, seq: Sequence) -> bool:
+        return self.favoured is not None and (seq.fair_share.priority, seq.fair_share.key) == self.favoured
+
     def excludes(self, seq: Sequence) -> bool:
-        share = seq.fair_share
-        return self.exclusive and (share.priority, share.key) != self.favoured
+        return self.exclusive and not self._is_favoured(seq)
 
     def allows(self, seq: Sequence, wanted: int) -> int:
         """The prompt tokens ``seq`` may compute this step, of the ``wanted`` it lacks."""
-        share = seq.fair_share
-        if self.favoured is not None and (share.priority, share.key) == self.favoured:
-            return wanted
-        return min(wanted, self.tokens)
+        return wanted if self._is_favoured(seq) else min(wanted, self.tokens)
 
     def spend(self, seq: Sequence, num_tokens: int) -> None:
-        share = seq.fair_share
-        if self.favoured is None or (share.priority, share.key) != self.favoured:
+        if not self._is_favoured(seq):
             self.tokens -= num_tokens
 
 
