@@ -30,8 +30,8 @@ class RMSNorm(nn.Module):
         self.eps = eps
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # [num_tokens, hidden]
-        # In float32 this is HF's formula bit for bit (mean of squares, rsqrt, scale), in one call; in bfloat16 on
-        # CPU one C call with torch's roundings (kernels.cpu.rms_norm, None where it does not apply).
+        # On CPU one C call with torch's roundings in bfloat16, torch's to a few units in the last place in float32
+        # (kernels.cpu.rms_norm, None where it does not apply: then torch's op, HF's formula).
         out = rms_norm.add_rms_norm(x, None, self.weight, self.eps)
         return out if out is not None else F.rms_norm(x, self.weight.shape, self.weight, self.eps)
 
