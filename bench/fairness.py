@@ -1,7 +1,7 @@
 """Fair service between two tenants through the engine server: a heavy tenant sending 10x the light one's requests,
 together at 150% of the server's capacity, with fairness keys (VTC) and without (arrival order).
 
-``python -m bench.fairness [--quick] [--model NAME_OR_PATH] [--seconds S] [--max-num-seqs N]``
+``python -m bench.fairness [--quick] [--model NAME_OR_PATH] [--seconds S] [--max-num-seqs N] [--repeats R]``
 
 One server (``python -m engine serve``, a child process, ``--max-num-seqs`` seats) in one run:
   1. capacity: every request of a batch sent at once, requests/s;
@@ -14,6 +14,9 @@ Each run also reports the engine's mean step time and output tokens per step (fr
 one step of waiting costs, which the batch size and CPU contention move (``python -m bench.fairness_steps`` counts
 the waits in steps instead); the second is the throughput the schedule gives, which contention does not move (with
 keys it runs ~5% lower by design: a light tenant's prompt gets a step of its own, see ``engine.fairness``).
+A light tenant at 1/11 of 150% of capacity sends few requests (about 18 in 90 s on a 2-core CPU), so one run's p99 is
+its largest TTFT and swings from run to run; ``--repeats R`` runs steps 2 and 3 R times, interleaved, each with new
+arrivals (step 4 once), and the ratio is taken over the pooled samples (each repeat's own ratio is reported beside it).
 Every request has a 64-128 token prompt of random ids (fresh ids each run, so no run reads another's prefix cache)
 and 32 greedy output tokens (EOS ignored). The load client
 shares the two cores with the server: the figures compare with each other, not with another run's.
@@ -113,7 +116,7 @@ async def run(url: str, plan: list[tuple[float, str, list[int]]], keyed: bool) -
         mine = [r for t, r in results if t == tenant]
         ok = [r for r in mine if r.ok]
         out[tenant] = {"requests": len(mine), "failed": len(mine) - len(ok),
-                       "ttft_ms": percentiles([r.ttft for r in ok]),
+                       "ttft_ms": percentiles([r.ttft for r in ok]), "ttfts_ms": [1000 * r.ttft for r in ok],
                        "output_tokens": sum(r.output_tokens for r in mine)}
     return out
 
@@ -142,6 +145,31 @@ def start_server(model: str, port: int, max_num_seqs: int, log_path: Path) -> su
     return proc
 
 
+def summarize(runs: dict[str, list[dict]]) -> tuple[dict, dict]:
+    """The light tenant's TTFT percentiles over each kind's pooled runs (``runs``: "alone", "fair", "fcfs" -> the
+    ``run`` results, alone and fair pairwise by repeat) and the ratios: p99 pooled with keys (and in arrival order)
+    over alone, each repeat's own p99 ratio, and throughput with keys over arrival order (the first repeat's runs)."""
+    pooled = {name: percentiles([ms / 1000 for r in rs for ms in r[LIGHT]["ttfts_ms"]]) for name, rs in runs.items()}
+    p99 = {name: pooled[name]["p99"] for name in pooled}
+    fair, fcfs = runs["fair"][0], runs["fcfs"][0]
+    ratios = {"light_p99_ttft_fair_over_alone": p99["fair"] / p99["alone"] if p99["alone"] else None,
+              "light_p99_ttft_fcfs_over_alone": p99["fcfs"] / p99["alone"] if p99["alone"] else None,
+              "light_p99_ttft_fair_over_alone_each_repeat": [
+                  f[LIGHT]["ttft_ms"]["p99"] / a[LIGHT]["ttft_ms"]["p99"] if a[LIGHT]["ttft_ms"]["p99"] else None
+                  for a, f in zip(runs["alone"], runs["fair"], strict=True)],
+              "light_requests_pooled": {name: sum(len(r[LIGHT]["ttfts_ms"]) for r in rs) for name, rs in runs.items()},
+              "throughput_fair_over_fcfs": fair["output_tok_s"] / fcfs["output_tok_s"],
+              "output_per_step_fair_over_fcfs": fair["output_tokens_per_step"] / fcfs["output_tokens_per_step"]}
+    return pooled, ratios
+
+
+def print_run(name: str, r: dict) -> None:
+    print(f"{name:8}: light TTFT p50 {r[LIGHT]['ttft_ms']['p50']:.0f} ms p99 {r[LIGHT]['ttft_ms']['p99']:.0f} ms;"
+          f" heavy failed {r[HEAVY]['failed']}; {r['output_tok_s']:.1f} tok/s;"
+          f" mean step {r['mean_step_ms']:.1f} ms, {r['output_tokens_per_step']:.2f} output tokens a step;"
+          f" fairness preemptions {(r['fairness'] or {}).get('preemptions')}", flush=True)
+
+
 def main(argv: list[str] | None = None) -> int:
     from engine.models.prepare import resolve_model
 
@@ -151,7 +179,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seconds", type=float, default=None)
     parser.add_argument("--max-num-seqs", type=int, default=16)
     parser.add_argument("--port", type=int, default=8193)
+    parser.add_argument("--repeats", type=int, default=1,
+                        help="run alone and with keys this many times, interleaved, and pool the light TTFTs")
     args = parser.parse_args(argv)
+    if args.repeats < 1:
+        parser.error("--repeats must be at least 1")
     seconds = args.seconds or (30.0 if args.quick else 90.0)
     model = str(resolve_model(args.model))
     RESULTS.mkdir(exist_ok=True)
@@ -163,39 +195,40 @@ def main(argv: list[str] | None = None) -> int:
         asyncio.run(capacity(url, [prompt(rng) for _ in range(4)]))  # warm-up
         cap = asyncio.run(capacity(url, [prompt(rng) for _ in range(4 * args.max_num_seqs)]))
         light_rate = 1.5 * cap / 11
-        light_times, heavy_times = arrivals(light_rate, seconds, seed=1), arrivals(10 * light_rate, seconds, seed=2)
 
-        def plan(seed: int, with_heavy: bool = True) -> list:
-            """The same arrivals each run, fresh prompts: no run reads another's prefix cache."""
-            fresh = random.Random(seed)
-            plan = [(t, LIGHT, prompt(fresh)) for t in light_times]
+        def plan(repeat: int, seed: int, with_heavy: bool = True) -> list:
+            """Repeat ``repeat``'s arrivals (the same in each of its runs), fresh prompts: no run reads another's
+            prefix cache."""
+            fresh = random.Random(seed + 100 * repeat)
+            plan = [(t, LIGHT, prompt(fresh)) for t in arrivals(light_rate, seconds, seed=1 + 100 * repeat)]
             if with_heavy:
-                plan += [(t, HEAVY, prompt(fresh)) for t in heavy_times]
+                plan += [(t, HEAVY, prompt(fresh)) for t in arrivals(10 * light_rate, seconds, seed=2 + 100 * repeat)]
             return sorted(plan, key=lambda item: item[0])
 
         print(f"capacity {cap:.2f} req/s; light {light_rate:.2f} req/s, heavy {10 * light_rate:.2f} req/s, "
-              f"{seconds:.0f} s", flush=True)
-        alone = asyncio.run(run(url, plan(10, with_heavy=False), keyed=True))
-        fcfs = asyncio.run(run(url, plan(11), keyed=False))
-        fair = asyncio.run(run(url, plan(12), keyed=True))
+              f"{seconds:.0f} s, {args.repeats} repeat(s)", flush=True)
+        runs = {"alone": [], "fair": [], "fcfs": []}
+        for repeat in range(args.repeats):
+            runs["alone"].append(asyncio.run(run(url, plan(repeat, 10, with_heavy=False), keyed=True)))
+            if repeat == 0:
+                runs["fcfs"].append(asyncio.run(run(url, plan(repeat, 11), keyed=False)))
+            runs["fair"].append(asyncio.run(run(url, plan(repeat, 12), keyed=True)))
+            for name in ("alone", "fcfs", "fair"):
+                if len(runs[name]) == repeat + 1:
+                    print_run(f"{name} {repeat + 1}", runs[name][-1])
     finally:
         server.terminate()
         server.wait(timeout=60)
-    p99 = {name: r[LIGHT]["ttft_ms"]["p99"] for name, r in (("alone", alone), ("fair", fair), ("fcfs", fcfs))}
-    ratios = {"light_p99_ttft_fair_over_alone": p99["fair"] / p99["alone"] if p99["alone"] else None,
-              "light_p99_ttft_fcfs_over_alone": p99["fcfs"] / p99["alone"] if p99["alone"] else None,
-              "throughput_fair_over_fcfs": fair["output_tok_s"] / fcfs["output_tok_s"],
-              "output_per_step_fair_over_fcfs": fair["output_tokens_per_step"] / fcfs["output_tokens_per_step"]}
+    pooled, ratios = summarize(runs)
+    alone, fair, fcfs = runs["alone"][0], runs["fair"][0], runs["fcfs"][0]
     report = {"cpu": os.cpu_count(), "model": model, "seconds": seconds, "max_num_seqs": args.max_num_seqs,
-              "capacity_req_s": cap, "light_rate": light_rate, "alone": alone, "fair": fair, "fcfs": fcfs,
-              "ratios": ratios}
+              "capacity_req_s": cap, "light_rate": light_rate, "repeats": args.repeats, "alone": alone, "fair": fair,
+              "fcfs": fcfs, "runs": runs, "light_ttft_pooled_ms": pooled, "ratios": ratios}
     path = RESULTS / f"fairness-{stamp}.json"
     path.write_text(json.dumps(report, indent=2))
-    for name, r in (("alone", alone), ("fair", fair), ("fcfs", fcfs)):
-        print(f"{name:5}: light TTFT p50 {r[LIGHT]['ttft_ms']['p50']:.0f} ms p99 {r[LIGHT]['ttft_ms']['p99']:.0f} ms;"
-              f" heavy failed {r[HEAVY]['failed']}; {r['output_tok_s']:.1f} tok/s;"
-              f" mean step {r['mean_step_ms']:.1f} ms, {r['output_tokens_per_step']:.2f} output tokens a step;"
-              f" fairness preemptions {(r['fairness'] or {}).get('preemptions')}")
+    for name in ("alone", "fair", "fcfs"):
+        print(f"{name:5} pooled: light TTFT p50 {pooled[name]['p50']:.0f} ms p99 {pooled[name]['p99']:.0f} ms over "
+              f"{ratios['light_requests_pooled'][name]} requests")
     print(json.dumps(ratios), flush=True)
     print(f"wrote {path}")
     return 0

@@ -1,0 +1,33 @@
+"""``bench.fairness``'s pooling of repeated runs on made-up TTFTs (the benchmark itself runs in ``make bench``)."""
+
+import pytest
+
+from bench.fairness import HEAVY, LIGHT, summarize
+from bench.serve import percentiles
+
+
+def run(light_ttfts_ms: list[float], tok_s: float = 100.0, per_step: float = 10.0) -> dict:
+    light = {"ttft_ms": percentiles([ms / 1000 for ms in light_ttfts_ms]), "ttfts_ms": light_ttfts_ms}
+    return {"output_tok_s": tok_s, "output_tokens_per_step": per_step, LIGHT: light, HEAVY: {}}
+
+
+def test_p99_is_taken_over_the_pooled_samples_and_each_repeat_keeps_its_own_ratio():
+    alone = [run([100.0] * 19 + [200.0]), run([100.0] * 20)]
+    fair = [run([150.0] * 20), run([120.0] * 19 + [400.0])]
+    runs = {"alone": alone, "fair": fair, "fcfs": [run([5000.0] * 20, tok_s=104.0, per_step=10.5)]}
+
+    pooled, ratios = summarize(runs)
+
+    assert ratios["light_requests_pooled"] == {"alone": 40, "fair": 40, "fcfs": 20}
+    assert pooled["alone"]["p99"] == pytest.approx(100.0 + 0.61 * 100.0)  # numpy's linear interpolation, 40 samples
+    assert pooled["fair"]["p99"] == pytest.approx(150.0 + 0.61 * 250.0)
+    assert ratios["light_p99_ttft_fair_over_alone"] == pytest.approx(302.5 / 161.0)
+    each = ratios["light_p99_ttft_fair_over_alone_each_repeat"]
+    assert each == pytest.approx([150.0 / (100.0 + 0.81 * 100.0), (120.0 + 0.81 * 280.0) / 100.0])
+    assert ratios["throughput_fair_over_fcfs"] == pytest.approx(100.0 / 104.0)
+    assert ratios["output_per_step_fair_over_fcfs"] == pytest.approx(10.0 / 10.5)
+
+
+def test_alone_and_keyed_runs_must_pair_by_repeat():
+    with pytest.raises(ValueError):
+        summarize({"alone": [run([1.0])], "fair": [run([1.0]), run([1.0])], "fcfs": [run([1.0])]})
