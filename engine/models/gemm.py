@@ -5,9 +5,11 @@ Paths, each in the model's dtype with fp32 accumulation:
   * ``onednn``: oneDNN's inner product on a weight reordered once into its blocked layout
     (``torch.ops.mkldnn._reorder_linear_weight`` + ``_linear_pointwise``, what torch.compile's CPU backend emits
     for a frozen linear). On the AMD EPYC VM it ran 2-3x ``F.linear`` in fp32 at 8-256 tokens (DESIGN.md);
-  * ``gemv`` (bf16 on CPUs with AVX512-BF16): ``kernels/cpu/gemv.c`` on the plain weight for one to four tokens
-    (``max_tokens``: timed and chosen only there), streaming the weight in 16-row blocks on vdpbf16ps. A step of
-    one sequence ran 25% faster with it (SmolLM2, Zen 4 VM: 26.5 -> 20.0 ms a token, GEMMs 15.3 -> 11.1 ms);
+  * ``gemv`` (fp32 on any CPU, bf16 on CPUs with AVX512-BF16): ``kernels/cpu/gemv.c`` on the plain weight for one
+    to four tokens (``max_tokens``: timed and chosen only there), streaming the weight in blocks of rows (16 on
+    vdpbf16ps in bf16, 8 on FMAs in fp32). A step of one sequence ran 25% faster with it in bf16 (SmolLM2, Zen 4
+    VM: 26.5 -> 20.0 ms a token, GEMMs 15.3 -> 11.1 ms); in fp32 on the Zen 1 VM it read the weights at 19-23 GB/s
+    at M = 1 against oneDNN's 12-18;
 and, for quantized weights (``engine.models.quant``), ``w8a8``, ``w8a16`` and ``w4a16``, and ``dequantized`` (the
 quantized values as a dense oneDNN weight, for the bands where a step's many tokens make the GEMM compute-bound).
 Which one is faster depends on the CPU, the shape and the number of tokens M, so ``engine.models.gemm_choice``
@@ -82,7 +84,7 @@ def available_paths(device_type: str, dtype: torch.dtype, fmt: str = "dense") ->
     if device_type != "cpu":
         return ("torch",)
     paths = ("torch", "onednn") if _onednn_works(dtype) else ("torch",)
-    return paths + ("gemv",) if dtype == torch.bfloat16 and gemv.available() else paths
+    return paths + ("gemv",) if dtype in (torch.float32, torch.bfloat16) and gemv.available(dtype) else paths
 
 
 def _onednn_works(dtype: torch.dtype) -> bool:

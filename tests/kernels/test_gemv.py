@@ -1,4 +1,5 @@
-"""The bf16 GEMV of kernels/cpu/gemv.c (the GEMM choice's ``gemv`` path) against float32 products of the same values."""
+"""The GEMVs of kernels/cpu/gemv.c (the GEMM choice's ``gemv`` path): bf16 against float32 products of the same
+values, float32 against float64 ones."""
 
 import pytest
 import torch
@@ -6,7 +7,7 @@ import torch.nn.functional as F
 
 from engine.cpu_info import cpu_info
 from engine.models.gemm import PATHS, available_paths
-from kernels.cpu import gemv
+from kernels.cpu import gemv, native
 
 HAS_DOTS = "avx512_bf16" in cpu_info().flags
 
@@ -19,10 +20,28 @@ def _operands(m, n, k, bias, seed=0):
     return x, w, b
 
 
-def test_available_exactly_where_the_cpu_has_bf16_dot_products():
+def test_available_in_bf16_exactly_where_the_cpu_has_bf16_dot_products_and_in_float32_wherever_it_builds():
     assert gemv.available() == HAS_DOTS
     assert ("gemv" in available_paths("cpu", torch.bfloat16)) == HAS_DOTS
-    assert "gemv" not in available_paths("cpu", torch.float32)
+    built = native.load("gemv") is not None
+    assert gemv.available(torch.float32) == built
+    assert ("gemv" in available_paths("cpu", torch.float32)) == built
+
+
+@pytest.mark.skipif(native.load("gemv") is None, reason="no C compiler")
+@pytest.mark.parametrize("m", [1, 2, 3, 4])
+@pytest.mark.parametrize(("n", "k", "bias"),
+                         [(960, 576, False), (576, 1536, True), (49152, 576, False), (8, 8, True)])
+def test_float32_matches_float64_products_to_the_sums_order(m, n, k, bias):
+    g = torch.Generator().manual_seed(m * n)
+    x = torch.randn(m, k, generator=g)
+    w = torch.randn(n, k, generator=g) / k**0.5
+    b = torch.randn(n, generator=g) if bias else None
+    y = gemv.gemv(x, w, b)
+    assert y is not None and y.dtype == torch.float32 and y.shape == (m, n)
+    expected = F.linear(x.double(), w.double(), None if b is None else b.double())
+    torch.testing.assert_close(y.double(), expected, rtol=1e-5, atol=1e-5)
+    assert torch.equal(gemv.gemv(x[:1].clone(), w, b), y[:1])  # a row's result does not depend on the others
 
 
 @pytest.mark.skipif(not HAS_DOTS, reason="the kernel needs AVX512-BF16; other CPUs never offer the path")
@@ -41,11 +60,16 @@ def test_matches_float32_products_within_one_bf16_rounding(m, n, k, bias):
 
 def test_declines_what_it_does_not_compute():
     x, w, b = _operands(1, 960, 576, True)
-    assert gemv.gemv(x.float(), w.float(), None) is None  # float32
+    assert gemv.gemv(x.float(), w, None) is None  # mixed dtypes
+    assert gemv.gemv(x.half(), w.half(), None) is None  # float16
     assert gemv.gemv(torch.cat([x] * 5), w, b) is None  # more than four rows
     assert gemv.gemv(x[:, :560].contiguous(), w[:, :560].contiguous(), None) is None  # K not a multiple of 32
     assert gemv.gemv(x, w[:952].contiguous(), None) is None  # N not a multiple of 16
     assert gemv.gemv(x, w[:, ::2], None) is None  # not contiguous
+    xf, wf = x.float(), w.float()
+    assert gemv.gemv(xf[:, :572].contiguous(), wf[:, :572].contiguous(), None) is None  # K not a multiple of 8
+    assert gemv.gemv(xf, wf[:956].contiguous(), None) is None  # N not a multiple of 8
+    assert gemv.gemv(torch.cat([xf] * 5), wf, None) is None  # more than four rows
 
 
 @pytest.mark.parametrize("m", [1, 8])
