@@ -84,7 +84,7 @@ def available_paths(device_type: str, dtype: torch.dtype, fmt: str = "dense") ->
     if device_type != "cpu":
         return ("torch",)
     paths = ("torch", "onednn") if _onednn_works(dtype) else ("torch",)
-    return paths + ("gemv",) if dtype in (torch.float32, torch.bfloat16) and gemv.available(dtype) else paths
+    return paths + ("gemv",) if gemv.available(dtype) else paths
 
 
 def _onednn_works(dtype: torch.dtype) -> bool:

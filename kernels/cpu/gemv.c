@@ -4,14 +4,12 @@
  *
  * float32 (gemv_f32), any CPU (vec8.h's 8-float vectors: AVX2 + FMA on x86): the weight streamed in 8-row blocks,
  * each row a contiguous read, 8 lanes of a row times x per FMA, the 8 rows' sums reduced together (hsum8). On a
- * 2-vCPU AMD EPYC Zen 1 VM (AVX2 on 128-bit units) MKL's and oneDNN's fp32 M = 1 paths read SmolLM2's weights at
- * 8-11 GB/s and llama.cpp's F32 vector dots at ~12 (its batch-1 TPOT 45 ms against this engine's 57-83 the same
- * hour). K and N must be multiples of 8, else -1.
+ * 2-vCPU AMD EPYC Zen 1 VM (AVX2 on 128-bit units) torch's and oneDNN's fp32 M = 1 paths read SmolLM2's weights at
+ * 10-15 and 12-18 GB/s, this loop at 19-23 (llama.cpp's F32 server: one-stream TPOT 45-57 ms against this engine's
+ * 57-86 the same hour, before this path). K and N must be multiples of 8, else -1.
  *
- * bfloat16 (gemv_bf16), on CPUs with AVX512-BF16:
- * the decode step of one to four sequences, where a projection reads its whole weight for a handful of dot products
- * and the time is the weight's bytes. oneDNN's bf16 inner product read SmolLM2's weights at 19-22 GB/s there (M = 1,
- * weights of 30 layers cycled, 2-core AMD EPYC Zen 4); this loop streams them in 16-row blocks, each row a
+ * bfloat16 (gemv_bf16), on CPUs with AVX512-BF16: oneDNN's bf16 inner product read SmolLM2's weights at 19-22 GB/s
+ * (M = 1, weights of 30 layers cycled, 2-core AMD EPYC Zen 4); this loop streams them in 16-row blocks, each row a
  * contiguous read, each 32 bf16 of a row one vdpbf16ps against x, the 16 rows' sums reduced together (hsum16).
  *
  * Sums are float32 in another order than oneDNN's; y is rounded to bf16 once, after the bias. K must be a multiple

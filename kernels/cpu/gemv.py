@@ -37,7 +37,7 @@ def gemv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> to
     y = torch.empty(x.shape[0], weight.shape[0], dtype=x.dtype)
     kernel = library.gemv_f32 if x.dtype == torch.float32 else library.gemv_bf16
     status = kernel(x.data_ptr(), x.shape[0], weight.data_ptr(), None if bias is None else bias.data_ptr(),
-                               weight.shape[0], weight.shape[1], y.data_ptr(), torch.get_num_threads())
+                    weight.shape[0], weight.shape[1], y.data_ptr(), torch.get_num_threads())
     return y if status == 0 else None
 
 
