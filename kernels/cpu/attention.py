@@ -3,8 +3,10 @@
 Attention runs in a small C loop that reads K/V in place from the block pool (``paged_attention.c``):
 gathering every sequence's context each layer would cost more than the weight GEMMs, and for prefill chunks
 the loop also beats torch's SDPA with an offset causal mask (2-3x on 2 cores, measured). q and the caches may
-each be float32 or bfloat16 (a build per pair; float32 arithmetic). Without a C compiler, or for other dtypes
-(float16), each sequence gathers its context and calls SDPA.
+each be float32 or bfloat16 (a build per pair; float32 arithmetic). In bf16 the dot products run on vdpbf16ps where
+the CPU has AVX512-BF16, and prefill (a sequence's 8 or more queries in a step) on AMX tiles where it has AMX-BF16
+(3.6x the vdpbf16ps loop on 157-token prompts; torch's SDPA in bf16 ran at a sixth of it). Without a C compiler, or
+for other dtypes (float16), each sequence gathers its context and calls SDPA.
 """
 
 import ctypes

@@ -51,6 +51,16 @@ CASES = {
     # blocks larger than the bf16 dot-product path's stack copy (it walks them in chunks of 32 tokens)
     "decode-big-blocks": dict(seq_lens=[300, 1, 129, 64, 31, 256, 200, 7], query_lens=[1, 1, 3, 1, 1, 1, 1, 1],
                               num_q_heads=9, num_kv_heads=3, head_dim=64, block_size=128),
+    # prefill on AMX tiles (bf16, CPUs with amx_bf16): chunks after a cached prefix, more queries than one item's
+    # 64 rows, a tile's last keys partly past the context, and a sequence at the 8-query threshold beside a decode
+    "prefill-amx-prefix": dict(seq_lens=[300, 45, 70, 9, 33], query_lens=[100, 45, 8, 7, 1], num_q_heads=9,
+                               num_kv_heads=3, head_dim=64, block_size=16),
+    # AMX: group 8 (8 queries an item), head_dim 128, blocks larger than a step of 32 keys
+    "prefill-amx-128": dict(seq_lens=[50, 129], query_lens=[50, 33], num_q_heads=16, num_kv_heads=2, head_dim=128,
+                            block_size=64),
+    # AMX: multi-head (group 1), head_dim 32, every key in its own block
+    "prefill-amx-mha": dict(seq_lens=[70, 17], query_lens=[70, 16], num_q_heads=2, num_kv_heads=2, head_dim=32,
+                            block_size=1),
     # a sequence with no queries this step
     "idle-seq": dict(seq_lens=[10, 20], query_lens=[0, 2], num_q_heads=4, num_kv_heads=2, head_dim=16,
                      block_size=4),
@@ -101,6 +111,26 @@ def test_bfloat16_dot_products_where_the_cpu_has_them():
     assert library is not None, "the C kernel did not build: a C compiler is part of the CPU setup"
     expected = int({"avx512_bf16", "avx512bw"} <= cpu_info().flags)
     assert library.paged_attention_bf16_dots() == expected, f"avx512_bf16 in cpu flags: {bool(expected)}"
+
+
+def test_amx_prefill_where_the_cpu_has_it():
+    """On a CPU with AMX-BF16 (and a kernel that grants the tile state) the bf16 build runs prefill on AMX tiles (the
+    prefill-amx cases above then test that path)."""
+    library = native.load("paged_attention", ("ACT_BF16", "KV_BF16"))
+    assert library is not None, "the C kernel did not build: a C compiler is part of the CPU setup"
+    expected = int({"amx_bf16", "amx_tile", "avx512_bf16", "avx512bw"} <= cpu_info().flags)
+    assert library.paged_attention_amx() == expected, f"amx_bf16 in cpu flags: {bool(expected)}"
+
+
+def test_amx_prefill_of_a_long_prompt_in_bfloat16():
+    """Many 32-key steps of the online softmax (a 1000-token prompt, scores spread wide) stay within one bf16 rounding
+    of the float32 reference on the same values."""
+    q, k_cache, v_cache, *rest = paged_case([1000, 300], [1000, 200], num_q_heads=9, num_kv_heads=3, head_dim=64,
+                                            block_size=16, seed=5, dtype=torch.bfloat16)
+    q = (q.float() * 3).to(torch.bfloat16)  # sharper softmax: the row maxima move from step to step
+    got = attention.paged_attention(q, k_cache, v_cache, *rest)
+    expected = reference.paged_attention(q, k_cache, v_cache, *rest).float()
+    torch.testing.assert_close(got.float(), expected, rtol=2**-7, atol=1e-3)
 
 
 def _fail(message):
