@@ -184,11 +184,12 @@ def serve(args: argparse.Namespace) -> int:
     api_key = read_api_key(args.api_key_file)
     name = served_name(args.model, args.served_model_name)
     started = time.time()
-    core = LLMEngine(EngineConfig(model=args.model, **engine_kwargs(args)))
-    logger.info("model %s loaded in %.1fs", name, time.time() - started)
+    engine_config = EngineConfig(model=args.model, **engine_kwargs(args))
     metrics = EngineMetrics()
-    async_engine = AsyncEngine(core, max_waiting=args.max_waiting,
+    # The engine is built on its loop thread, so one thread runs every OpenMP region (AsyncEngine._build says why).
+    async_engine = AsyncEngine(lambda: LLMEngine(engine_config), max_waiting=args.max_waiting,
                                on_step=lambda outputs, seconds: metrics.step_seconds.observe(seconds))
+    logger.info("model %s loaded in %.1fs", name, time.time() - started)
     model = ServingModel(async_engine, served_name=name, lora_enabled=args.enable_lora)
     app = build_app(ServerState(async_engine, name, api_key, model, metrics, started), args.shutdown_grace)
     config = uvicorn.Config(app, host=args.host, port=args.port, log_level="info", access_log=False,

@@ -104,3 +104,32 @@ def test_concurrent_streams_get_every_step_of_their_own_tokens(engine):
     for (counts, tokens), reference in zip(together, alone, strict=True):
         assert counts == list(range(1, GREEDY.max_tokens + 1))
         assert tokens == reference
+
+
+def test_an_engine_given_as_a_function_is_built_on_the_loop_thread(tiny_llama):
+    """The server's way (engine/server/cli.py): every OpenMP region then starts on one thread (AsyncEngine._build)."""
+    import threading
+
+    from engine.config import EngineConfig
+    from engine.llm_engine import LLMEngine
+
+    built_on = []
+
+    def build():
+        built_on.append(threading.current_thread())
+        return LLMEngine(EngineConfig(model=str(tiny_llama), kv_cache_memory="16MiB", max_model_len=256))
+
+    async_engine = AsyncEngine(build)
+    try:
+        assert built_on == [async_engine._thread] and async_engine.engine is not None
+        assert len(asyncio.run(tokens_of(async_engine, "built-on-loop"))) == GREEDY.max_tokens
+    finally:
+        asyncio.run(async_engine.shutdown(grace_s=0))
+
+
+def test_a_build_that_raises_raises_from_the_constructor():
+    def build():
+        raise ValueError("no such model")
+
+    with pytest.raises(ValueError, match="no such model"):
+        AsyncEngine(build)
