@@ -22,6 +22,7 @@ from engine.lora.fingerprint import ModelFingerprint
 from engine.lora.loader import AdapterLoader, LoadedAdapter
 from engine.lora.request import LoRARequest
 from engine.lora.slot_buffers import LLAMA_GROUPS, Group, SlotBuffers
+from kernels.cpu.openmp import release_thread_pool
 
 AdapterId = int | str
 
@@ -176,8 +177,16 @@ class AdapterSlotCache:
         with self._lock:
             if request.id in self._loading or self.is_loaded(request.id):
                 return
-            self._loading[request.id] = self._executor.submit(self.loader.load, request)
+            self._loading[request.id] = self._executor.submit(self._load, request)
             self._loading_source[request.id] = request
+
+    def _load(self, request: LoRARequest):
+        """On a loader thread: the load, then that thread's OpenMP workers let go of (``kernels.cpu.openmp``: left
+        alive, they slow every step of the engine's)."""
+        try:
+            return self.loader.load(request)
+        finally:
+            release_thread_pool()
 
     def poll(self) -> list[LoadResult]:
         """Collect finished loads: successes enter the host tier (evicting its LRU entry); each is reported once."""

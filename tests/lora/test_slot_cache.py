@@ -280,3 +280,19 @@ def test_what_the_scheduler_and_the_admin_api_ask(make_cache, adapter_root):
     cache.release("id-c")
     cache.release("id-c")
     assert cache.slot_of("id-c") == 0
+
+
+def test_a_loader_thread_lets_go_of_its_openmp_workers_after_a_load(make_cache, adapter_root, monkeypatch):
+    """Left alive, a loader thread's OpenMP pool slows every engine step (kernels/cpu/openmp.py): each load ends by
+    releasing it, on the loader thread, whether the load succeeded or failed."""
+    import threading
+
+    from engine.lora import slot_cache
+
+    released = []
+    monkeypatch.setattr(slot_cache, "release_thread_pool", lambda: released.append(threading.current_thread().name))
+    cache = make_cache()
+    load(cache, adapter_root, "a")
+    cache.request_load(request(adapter_root, "b", sha256="0" * 64))  # fails its checksum
+    assert wait_for(cache, 1)[0].error is not None
+    assert len(released) == 2 and all(name.startswith("lora-loader") for name in released)
