@@ -3,11 +3,14 @@ blocks, the prefix cache the failed step registered) is freed, and the engine go
 coming back ends the loop (EngineDead) instead of failing every request forever."""
 
 import asyncio
+import threading
 
 import pytest
 
 from engine import LLM, SamplingParams
 from engine.async_engine import MAX_STEP_FAILURES, AsyncEngine, EngineDead, StepFailed
+from engine.config import EngineConfig
+from engine.llm_engine import LLMEngine
 
 PROMPT = list(range(3, 40))  # over two 16-token blocks: a later request with it hits the prefix cache
 GREEDY = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True)
@@ -108,11 +111,6 @@ def test_concurrent_streams_get_every_step_of_their_own_tokens(engine):
 
 def test_an_engine_given_as_a_function_is_built_on_the_loop_thread(tiny_llama):
     """The server's way (engine/server/cli.py): every OpenMP region then starts on one thread (AsyncEngine._build)."""
-    import threading
-
-    from engine.config import EngineConfig
-    from engine.llm_engine import LLMEngine
-
     built_on = []
 
     def build():

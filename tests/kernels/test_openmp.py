@@ -15,17 +15,28 @@ def _threads() -> int:
 
 
 def _until(condition, timeout=30.0) -> bool:
+    """Whether ``condition`` holds within ``timeout`` seconds: released workers leave the barrier, then exit on their
+    own, so the check yields the CPU to them between tries."""
     deadline = time.monotonic() + timeout
     while not condition():
         if time.monotonic() > deadline:
             return False
-        time.sleep(0.01)
+        os.sched_yield()
     return True
 
 
-@pytest.mark.skipif(torch.get_num_threads() < 2 or openmp._libgomp() is None,
-                    reason="needs torch on libgomp with two or more threads (one thread starts no workers)")
-def test_release_ends_the_workers_a_pool_thread_started():
+@pytest.fixture
+def two_torch_threads():
+    """Two threads whatever an earlier test folder set (one thread starts no OpenMP workers)."""
+    previous = torch.get_num_threads()
+    torch.set_num_threads(2)
+    yield
+    torch.set_num_threads(previous)
+
+
+@pytest.mark.skipif((os.cpu_count() or 1) < 2 or openmp._libgomp() is None,
+                    reason="needs two CPUs and torch on libgomp")
+def test_release_ends_the_workers_a_pool_thread_started(two_torch_threads):
     x = torch.ones(4096, 4096)
     with ThreadPoolExecutor(1) as executor:
         executor.submit(lambda: None).result()  # the executor's thread exists before counting

@@ -7,6 +7,7 @@ import time
 import pytest
 import torch
 
+from engine.lora import slot_cache
 from engine.lora.errors import AdapterSourceNotAllowed
 from engine.lora.fingerprint import TARGET_MODULES
 from engine.lora.loader import AdapterLoader
@@ -285,10 +286,6 @@ def test_what_the_scheduler_and_the_admin_api_ask(make_cache, adapter_root):
 def test_a_loader_thread_lets_go_of_its_openmp_workers_after_a_load(make_cache, adapter_root, monkeypatch):
     """Left alive, a loader thread's OpenMP pool slows every engine step (kernels/cpu/openmp.py): each load ends by
     releasing it, on the loader thread, whether the load succeeded or failed."""
-    import threading
-
-    from engine.lora import slot_cache
-
     released = []
     monkeypatch.setattr(slot_cache, "release_thread_pool", lambda: released.append(threading.current_thread().name))
     cache = make_cache()
