@@ -20,7 +20,7 @@ from engine.batch_metadata import BatchMetadata
 from engine.config import ModelConfig
 from engine.models.linear import LoRAWeights, Projection, ProjectionShard
 from engine.models.rotary import RotaryEmbedding, apply_rotary
-from kernels.cpu import rms_norm
+from kernels.cpu import rms_norm, rotary_kv
 
 
 class RMSNorm(nn.Module):
@@ -73,11 +73,19 @@ class Attention(nn.Module):
 
     def forward(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor], batch: BatchMetadata):
         num_tokens = x.shape[0]
-        q, k, v = self.qkv_proj(x, batch).split(self.sizes, dim=-1)  # [T, Hq*D], [T, Hkv*D], [T, Hkv*D]
-        q = apply_rotary(q.view(num_tokens, self.num_heads, self.head_dim), *rope)  # [T, Hq, D]
-        k = apply_rotary(k.view(num_tokens, self.num_kv_heads, self.head_dim), *rope)  # [T, Hkv, D]
-        v = v.view(num_tokens, self.num_kv_heads, self.head_dim)
-        kernels.write_kv(k, v, self.k_cache, self.v_cache, batch.slot_mapping)
+        qkv = self.qkv_proj(x, batch)  # [T, (Hq + 2 Hkv) * D]
+        q = None
+        if qkv.device.type == "cpu" and kernels.backend_for(qkv.device) == "cpu":
+            # the split, both rotaries and the KV write below in one C call, same numbers: at a decode token the
+            # Python around those ops cost more than they did
+            q = rotary_kv.rotary_qkv(qkv, self.num_heads, self.num_kv_heads, self.head_dim, *rope, self.k_cache,
+                                     self.v_cache, batch.slot_mapping)  # [T, Hq, D]
+        if q is None:
+            q, k, v = qkv.split(self.sizes, dim=-1)  # [T, Hq*D], [T, Hkv*D], [T, Hkv*D]
+            q = apply_rotary(q.view(num_tokens, self.num_heads, self.head_dim), *rope)  # [T, Hq, D]
+            k = apply_rotary(k.view(num_tokens, self.num_kv_heads, self.head_dim), *rope)  # [T, Hkv, D]
+            v = v.view(num_tokens, self.num_kv_heads, self.head_dim)
+            kernels.write_kv(k, v, self.k_cache, self.v_cache, batch.slot_mapping)
         out = kernels.paged_attention(
             q, self.k_cache, self.v_cache, batch.block_tables, batch.seq_lens, batch.query_start_loc, self.scale
         )  # [T, Hq, D]

@@ -31,8 +31,18 @@ def _library(act: torch.dtype, kv: torch.dtype):
         library.rotary.argtypes = [_P, _I, _I, _I, _I, _P, _P, _P]
         library.write_kv.restype = ctypes.c_int
         library.write_kv.argtypes = [_P, _I, _P, _I, _I, _I, _P, _P, _P, _I]
+        library.rotary_qkv.restype = ctypes.c_int
+        library.rotary_qkv.argtypes = [_P, _I, _I, _I, _I, _I, _P, _P, _P, _P, _P, _P, _I]
         library._typed = True
     return library
+
+
+def _are_tables(cos: torch.Tensor, sin: torch.Tensor, num_tokens: int, head_dim: int) -> bool:
+    """cos and sin are the [T, 1, D // 2] float32 rows the C code reads (D even)."""
+    half = head_dim // 2
+    table, strides = (num_tokens, 1, half), (half, half, 1)
+    return (not head_dim % 2 and cos.dtype == torch.float32 and sin.dtype == torch.float32 and cos.shape == table
+            and sin.shape == table and cos.stride() == strides and sin.stride() == strides)
 
 
 def rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor | None:
@@ -41,19 +51,7 @@ def rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tenso
     x: [T, H, D] on CPU, each token's heads contiguous (a view of the fused q/k/v output is); cos, sin:
     [T, 1, D // 2] float32 rows. Few checks, each cheap: at a decode token they are most of the call's time."""
     num_tokens, num_heads, head_dim = x.shape
-    half = head_dim // 2
-    table = (num_tokens, 1, half)
-    if (
-        x.dtype not in _TYPES
-        or x.stride()[1:] != (head_dim, 1)
-        or head_dim % 2
-        or cos.dtype != torch.float32
-        or sin.dtype != torch.float32
-        or cos.shape != table
-        or sin.shape != table
-        or cos.stride() != (half, half, 1)
-        or sin.stride() != (half, half, 1)
-    ):
+    if x.dtype not in _TYPES or x.stride()[1:] != (head_dim, 1) or not _are_tables(cos, sin, num_tokens, head_dim):
         return None
     library = _library(x.dtype, x.dtype)
     if library is None:
@@ -106,3 +104,42 @@ def write_kv(
     if status != 0:
         raise IndexError(f"write_kv: a slot in slot_mapping is past the cache's {num_slots} slots")
     return True
+
+
+def rotary_qkv(qkv: torch.Tensor, num_q_heads: int, num_kv_heads: int, head_dim: int, cos: torch.Tensor,
+               sin: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+               slot_mapping: torch.Tensor) -> torch.Tensor | None:
+    """One layer's rotary and KV write from its fused q/k/v output in one C call: q rotated ([T, Hq, D], returned),
+    k rotated and v written to their cache slots. The same numbers as splitting ``qkv``, :func:`rotary` of q and of k,
+    then :func:`write_kv`; None (nothing written) where it does not apply. IndexError for a slot past the cache.
+
+    qkv: [T, (Hq + 2 Hkv) * D] with unit stride along the row; cos, sin: [T, 1, D // 2] float32 rows; the caches
+    [blocks, block_size, Hkv, D], contiguous; slot_mapping [T] int64."""
+    num_tokens = qkv.shape[0]
+    if (
+        qkv.dtype not in _TYPES
+        or qkv.dim() != 2
+        or qkv.stride(1) != 1
+        or qkv.shape[1] != (num_q_heads + 2 * num_kv_heads) * head_dim
+        or not _are_tables(cos, sin, num_tokens, head_dim)
+        or k_cache.dtype not in _TYPES
+        or v_cache.dtype != k_cache.dtype
+        or k_cache.shape[2:] != (num_kv_heads, head_dim)
+        or v_cache.shape != k_cache.shape
+        or not (k_cache.is_contiguous() and v_cache.is_contiguous())
+        or slot_mapping.dtype != torch.int64
+        or slot_mapping.shape != (num_tokens,)
+        or slot_mapping.stride() != (1,)
+    ):
+        return None
+    library = _library(qkv.dtype, k_cache.dtype)
+    if library is None:
+        return None
+    q = torch.empty(num_tokens, num_q_heads, head_dim, dtype=qkv.dtype)
+    num_slots = k_cache.shape[0] * k_cache.shape[1]
+    status = library.rotary_qkv(qkv.data_ptr(), qkv.stride(0), num_tokens, num_q_heads, num_kv_heads, head_dim,
+                                cos.data_ptr(), sin.data_ptr(), q.data_ptr(), slot_mapping.data_ptr(),
+                                k_cache.data_ptr(), v_cache.data_ptr(), num_slots)
+    if status != 0:
+        raise IndexError(f"rotary_qkv: a slot in slot_mapping is past the cache's {num_slots} slots")
+    return q
