@@ -55,15 +55,21 @@ def _dequantized_run(x: torch.Tensor, operand: dict, bias: torch.Tensor | None) 
     return _onednn_run(x, packed, bias)
 
 
-def _gemv_run(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
-    y = gemv.gemv(x, weight, bias)
+def _gemv_pack(weight: torch.Tensor) -> tuple[gemv.GemvWeight | None, torch.Tensor]:
+    weight = weight.detach().contiguous()
+    return gemv.prepare(weight), weight
+
+
+def _gemv_run(x: torch.Tensor, operand: tuple, bias: torch.Tensor | None) -> torch.Tensor:
+    prepared, weight = operand
+    y = None if prepared is None else gemv.gemv_prepared(x, prepared, bias)
     return y if y is not None else F.linear(x, weight, bias)
 
 
 PATHS = {
     "torch": GemmPath("torch", lambda weight: weight, F.linear),
     "onednn": GemmPath("onednn", _onednn_pack, _onednn_run),
-    "gemv": GemmPath("gemv", lambda weight: weight.detach().contiguous(), _gemv_run, gemv.MAX_ROWS),
+    "gemv": GemmPath("gemv", _gemv_pack, _gemv_run, gemv.MAX_ROWS),
     "w8a8": GemmPath("w8a8", quant.w8a8_pack, quant.w8a8_run),
     "w8a16": GemmPath("w8a16", quant.w8a16_pack, quant.w8a16_run),
     "w4a16": GemmPath("w4a16", quant.w4a16_pack, quant.w4a16_run),

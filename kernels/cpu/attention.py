@@ -48,9 +48,7 @@ def paged_attention(
     if q.shape[0] == 0:
         return out
     library = _native_library(q, k_cache, v_cache)
-    block_tables = block_tables.to(torch.int32).contiguous()
-    seq_lens = seq_lens.to(torch.int32).contiguous()
-    query_start_loc = query_start_loc.to(torch.int32).contiguous()
+    block_tables, seq_lens, query_start_loc = _int32(block_tables), _int32(seq_lens), _int32(query_start_loc)
     if library is None or not _attend_native(library, q.contiguous(), out, k_cache, v_cache, block_tables, seq_lens,
                                              query_start_loc, scale):
         _attend_all_sdpa(q, out, k_cache, v_cache, block_tables, seq_lens, query_start_loc, scale)
@@ -71,6 +69,12 @@ def _check_shapes(q, k_cache, v_cache, block_tables, seq_lens, query_start_loc) 
 
 
 _NATIVE_DTYPES = (torch.float32, torch.bfloat16)
+_VARIANTS = {(act, kv): tuple(f"{role}_BF16" for role, dtype in (("ACT", act), ("KV", kv)) if dtype == torch.bfloat16)
+             for act in _NATIVE_DTYPES for kv in _NATIVE_DTYPES}
+
+
+def _int32(x: torch.Tensor) -> torch.Tensor:
+    return x if x.dtype == torch.int32 and x.is_contiguous() else x.to(torch.int32).contiguous()
 
 
 def _native_library(q, k_cache, v_cache):
@@ -79,8 +83,7 @@ def _native_library(q, k_cache, v_cache):
     if not (k_cache.is_contiguous() and v_cache.is_contiguous()):
         return None
     # float32 unless -D{ACT,KV}_BF16 (vec8.h): q and out are the activations, the caches the KV.
-    variant = tuple(f"{role}_BF16" for role, tensor in (("ACT", q), ("KV", k_cache)) if tensor.dtype == torch.bfloat16)
-    library = native.load("paged_attention", variant)
+    library = native.load("paged_attention", _VARIANTS[q.dtype, k_cache.dtype])
     if library is not None and not getattr(library, "_typed", False):
         library.paged_attention.restype = ctypes.c_int
         library.paged_attention.argtypes = (

@@ -78,3 +78,13 @@ def test_the_gemm_path_falls_back_to_f_linear_past_the_kernel(m):
     path = PATHS["gemv"]
     y = path.run(x, path.pack(w), b)
     torch.testing.assert_close(y.float(), F.linear(x.float(), w.float(), b.float()), rtol=2**-7, atol=2e-2)
+
+
+def test_a_weight_the_kernel_cannot_take_is_refused_once_at_pack_and_runs_on_f_linear():
+    x, w, b = _operands(1, 952, 576, True, seed=4)  # N = 952: a multiple of 8, not of 16
+    path = PATHS["gemv"]
+    operand = path.pack(w)
+    assert operand[0] is None  # bf16 runs 16-row blocks (fp32 8-row ones: that weight in fp32 is taken)
+    assert gemv.prepare(w.float()) is not None or native.load("gemv") is None
+    torch.testing.assert_close(path.run(x, operand, b).float(), F.linear(x.float(), w.float(), b.float()),
+                               rtol=2**-7, atol=2e-2)
