@@ -632,7 +632,10 @@ int paged_attention(const act_t *q, act_t *out, const kv_t *k_cache, const kv_t 
                 items[next++] = (WorkItem){s, h, heads_per_item, first, n - first < tile ? n - first : tile, 0};
     }
     const int64_t nv = head_dim / LANES;
-#pragma omp parallel for schedule(dynamic, 4) num_threads(num_threads)
+    /* Items are handed out 4 at a time, but one at a time when there are few: a decode step of one sequence has as
+     * many items as kv heads (3 for SmolLM2), and in fours one thread took them all. */
+    const int64_t chunk = num_items >= 16 * num_threads ? 4 : 1;
+#pragma omp parallel for schedule(dynamic, chunk) num_threads(num_threads)
     for (int64_t i = 0; i < num_items; ++i) {
 #if HAVE_AMX
         if (items[i].amx) {
