@@ -69,9 +69,10 @@ int write_kv(const act_t *k, int64_t k_stride, const act_t *v, int64_t v_stride,
 }
 
 /* rotary() of the q heads into q_out, and of the k heads into k_cache's slots with v's rows into v_cache's: the
- * q/k/v split, the two rotary calls and write_kv of one layer in one call, with the same floats (k rounded to act_t
- * first, then to kv_t, as rotary's output then write_kv's store). qkv rows are [q heads | k heads | v heads],
- * token_stride elements apart. Returns 0, or -2 without writing anything if a slot is past the cache's num_slots. */
+ * q/k/v split, the two rotary calls and write_kv of one layer in one call, made of those two functions (one token's
+ * k heads rotated into an act_t buffer, then stored with v), so the floats are theirs. qkv rows are [q heads | k heads
+ * | v heads], token_stride elements apart. Returns 0, or -2 without writing anything if a slot is past the cache's
+ * num_slots. */
 int rotary_qkv(const act_t *qkv, int64_t token_stride, int64_t num_tokens, int64_t num_q_heads, int64_t num_kv_heads,
                int64_t head_dim, const float *cos, const float *sin, act_t *q_out, const int64_t *slots,
                kv_t *k_cache, kv_t *v_cache, int64_t num_slots) {
@@ -79,23 +80,12 @@ int rotary_qkv(const act_t *qkv, int64_t token_stride, int64_t num_tokens, int64
         if (slots[t] >= num_slots) return -2;
     const int64_t half = head_dim / 2, row_size = num_kv_heads * head_dim;
     rotary(qkv, token_stride, num_tokens, num_q_heads, head_dim, cos, sin, q_out);
+    act_t k[row_size];
     for (int64_t t = 0; t < num_tokens; ++t) {
         if (slots[t] < 0) continue;
-        const float *c = cos + t * half, *s = sin + t * half;
-        const act_t *k = qkv + t * token_stride + num_q_heads * head_dim, *v = k + row_size;
-        kv_t *kc = k_cache + slots[t] * row_size, *vc = v_cache + slots[t] * row_size;
-        for (int64_t h = 0; h < num_kv_heads; ++h) {
-            const act_t *x1 = k + h * head_dim, *x2 = x1 + half;
-            kv_t *o1 = kc + h * head_dim, *o2 = o1 + half;
-            for (int64_t i = 0; i < half; ++i) {
-                const float a = ACT_TO_FLOAT(x1[i]), b = ACT_TO_FLOAT(x2[i]);
-                const float ac = a * c[i], bs = b * s[i], bc = b * c[i], as = a * s[i];
-                const act_t r1 = FLOAT_TO_ACT(ac - bs), r2 = FLOAT_TO_ACT(bc + as);
-                o1[i] = ACT_TO_KV(r1);
-                o2[i] = ACT_TO_KV(r2);
-            }
-        }
-        for (int64_t i = 0; i < row_size; ++i) vc[i] = ACT_TO_KV(v[i]);
+        const act_t *row = qkv + t * token_stride + num_q_heads * head_dim; /* this token's k heads, then its v */
+        rotary(row, row_size, 1, num_kv_heads, head_dim, cos + t * half, sin + t * half, k);
+        write_kv(k, row_size, row + row_size, row_size, 1, row_size, slots + t, k_cache, v_cache, num_slots);
     }
     return 0;
 }

@@ -1,7 +1,7 @@
 """The C rotary embedding and KV cache write of ``rotary_kv.c``, for float32 and bfloat16 tensors on CPU.
 
-Each returns None (rotary) or False (write_kv) where the C build is missing or a tensor's dtype or layout is not
-one it reads, and the caller runs its torch formulas: the results are the same bit for bit either way
+Each returns None (rotary, rotary_qkv) or False (write_kv) where the C build is missing or a tensor's dtype or layout
+is not one it reads, and the caller runs its torch formulas: the results are the same bit for bit either way
 (tests/kernels/test_rotary_kv.py), only the number of ops differs.
 """
 
