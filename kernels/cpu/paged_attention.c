@@ -27,7 +27,7 @@
 #define MAX_ROWS 32
 #define MAX_VECS 32 /* head_dim <= 256 */
 #define MAX_BLOCK_SIZE 256
-#define COPY_ELEMENTS 8192 /* the most K (and V) elements of one block an item copies to the stack */
+#define COPY_ELEMENTS 8192 /* the most K (and V) elements of one block or step an item copies to the stack */
 
 static inline vf vmax(vf a, vf b) { vi m = a > b; return (vf)(((vi)a & m) | ((vi)b & ~m)); }
 
@@ -51,7 +51,13 @@ static inline vf vexp(vf x) {
 
 typedef struct {
     int32_t seq, first_kv_head, num_kv_heads, first_query, num_queries, amx; /* amx: run by tile_amx */
+    int64_t cost; /* keys times rows, about: the order items are handed out in, largest first */
 } WorkItem;
+
+static int larger_cost_first(const void *a, const void *b) {
+    const int64_t x = ((const WorkItem *)a)->cost, y = ((const WorkItem *)b)->cost;
+    return (x < y) - (x > y);
+}
 
 typedef struct {
     const act_t *q;                /* [T, Hq, D] */
@@ -232,24 +238,90 @@ TILE(0)  /* any other multiple of 8 up to 256 */
  * adds p_t * v_t + p_t+1 * v_t+1 for 16 dims. P is split into a bf16 high part (its top 16 bits) and the bf16 of
  * the rest, each multiplied by V: P rounded to bf16 alone (FlashAttention's choice) put outputs of short contexts
  * 2e-3 off the float32 result, beyond one bf16 rounding; the split keeps 16 bits of P for 10% of the time.
- * Scores, softmax and sums stay float32. Work items walk the context in chunks of at most COPY_ELEMENTS elements of
- * their kv heads: a whole block for SmolLM2. */
+ * Scores, softmax and sums stay float32. */
 #define DP_KEYS 16
+#define DP_STEP 256 /* the most keys of one step of tile_dp */
 
-/* The values of keys t and t+1 (span elements each, rows `stride` apart; t+1 missing when `odd`) interleaved: out[2d] =
- * v_t[d], out[2d+1] = v_t+1[d]. span is a multiple of 32. */
-static inline void interleave_pair(bf16 *out, const bf16 *v, int64_t stride, int64_t span, int odd) {
+typedef float vf16 __attribute__((vector_size(16 * sizeof(float))));
+typedef int32_t vi16 __attribute__((vector_size(16 * sizeof(int32_t))));
+
+/* vexp on 16 lanes (same polynomial). */
+static inline vf16 vexp16(vf16 x) {
+    const vf16 lo = (vf16){0} - 87.0f;
+    x = (vf16)_mm512_max_ps((__m512)x, (__m512)lo);
+    vf16 fx = x * 1.44269504088896341f + 0.5f;
+    vf16 n = __builtin_convertvector(__builtin_convertvector(fx, vi16), vf16);
+    n += __builtin_convertvector(n > fx, vf16);
+    x = x - n * 0.693359375f - n * -2.12194440e-4f;
+    vf16 y = (vf16){0} + 1.9875691500e-4f;
+    y = y * x + 1.3981999507e-3f;
+    y = y * x + 8.3334519073e-3f;
+    y = y * x + 4.1665795894e-2f;
+    y = y * x + 1.6666665459e-1f;
+    y = y * x + 5.0000001201e-1f;
+    y = y * x * x + x + 1.0f;
+    vi16 bits = (__builtin_convertvector(n, vi16) + 127) << 23;
+    return y * (vf16)bits;
+}
+
+static inline __mmask16 first_lanes(int64_t k) { return k >= 16 ? 0xffff : k <= 0 ? 0 : (__mmask16)((1u << k) - 1); }
+
+/* Online softmax of one row over its scores s[0..n) in 16-lane steps (the 8-lane softmax_block, with its scalar
+ * reductions, was a quarter of decode attention); P goes out as the bf16 high part and the bf16 of the rest, by key
+ * pairs, zero past n up to a multiple of 32 keys. Returns the correction of the row's earlier sums. */
+static inline float softmax_split(const float *s, int64_t n, float *row_max, float *row_sum, uint32_t *high,
+                                  uint32_t *low) {
+    __m512 m = _mm512_set1_ps(*row_max);
+    for (int64_t t = 0; t < n; t += 16) m = _mm512_mask_max_ps(m, first_lanes(n - t), m, _mm512_loadu_ps(s + t));
+    const float block_max = _mm512_reduce_max_ps(m);
+    const __m512 mx = _mm512_set1_ps(block_max);
+    const __m512i top = _mm512_set1_epi32((int)0xffff0000u);
+    __m512 sum = _mm512_setzero_ps();
+    for (int64_t t = 0; t < n; t += 32) {
+        const __mmask16 m0 = first_lanes(n - t), m1 = first_lanes(n - t - 16);
+        const __m512 x0 = _mm512_maskz_sub_ps(m0, _mm512_maskz_loadu_ps(m0, s + t), mx);
+        const __m512 x1 = _mm512_maskz_sub_ps(m1, _mm512_maskz_loadu_ps(m1, s + t + 16), mx);
+        const __m512 p0 = _mm512_maskz_mov_ps(m0, (__m512)vexp16((vf16)x0));
+        const __m512 p1 = _mm512_maskz_mov_ps(m1, (__m512)vexp16((vf16)x1));
+        sum = _mm512_add_ps(sum, _mm512_add_ps(p0, p1));
+        const __m512 h0 = _mm512_castsi512_ps(_mm512_and_si512(_mm512_castps_si512(p0), top));
+        const __m512 h1 = _mm512_castsi512_ps(_mm512_and_si512(_mm512_castps_si512(p1), top));
+        _mm512_storeu_si512(high + t / 2, (__m512i)_mm512_cvtne2ps_pbh(h1, h0));
+        _mm512_storeu_si512(low + t / 2, (__m512i)_mm512_cvtne2ps_pbh(_mm512_sub_ps(p1, h1), _mm512_sub_ps(p0, h0)));
+    }
+    const float correction = expf(*row_max - block_max); /* 0 on the row's first keys: row_max = -inf */
+    *row_sum = *row_sum * correction + _mm512_reduce_add_ps(sum);
+    *row_max = block_max;
+    return correction;
+}
+
+
+/* The values of two keys (span elements each; the second missing when NULL) interleaved: out[2d] = v0[d],
+ * out[2d+1] = v1[d]. span is a multiple of 32. */
+static inline void interleave_pair(bf16 *out, const bf16 *v0, const bf16 *v1, int64_t span) {
     static const uint16_t order[32] = {0, 32, 1, 33, 2, 34, 3, 35, 4, 36, 5, 37, 6, 38, 7, 39,
                                        8, 40, 9, 41, 10, 42, 11, 43, 12, 44, 13, 45, 14, 46, 15, 47};
     const __m512i low = _mm512_loadu_si512(order), high = _mm512_add_epi16(low, _mm512_set1_epi16(16));
     for (int64_t d = 0; d < span; d += 32) {
-        const __m512i x = _mm512_loadu_si512(v + d);
-        const __m512i y = odd ? _mm512_setzero_si512() : _mm512_loadu_si512(v + stride + d);
+        const __m512i x = _mm512_loadu_si512(v0 + d);
+        const __m512i y = v1 == NULL ? _mm512_setzero_si512() : _mm512_loadu_si512(v1 + d);
         _mm512_storeu_si512(out + 2 * d, _mm512_permutex2var_epi16(x, low, y));
         _mm512_storeu_si512(out + 2 * d + 32, _mm512_permutex2var_epi16(x, high, y));
     }
 }
 
+/* Where kv head `kh` of the item starts, at position p, in the caches. */
+#define KV_AT(p, kh) ((int64_t)block_table[(p) / block_size] * block_stride + ((p) % block_size) * row_stride + \
+                      first + (kh) * head_dim)
+
+/* An item walks its context in steps of COPY_ELEMENTS / span keys (32 for a decode item of SmolLM2's three kv heads,
+ * 128 for one kv head of a prefill tile): the step's K copied to the stack (whole runs of a block in one read when
+ * the item holds every kv head) and its V interleaved by key pairs, both in L1; then kv head by kv head, each row
+ * takes the whole step at once: its scores, one softmax, then P.V with the sums in registers. A row pays its fixed
+ * costs (the softmax's reductions, loading and rescaling its sums) once a step, not once a block of 16 keys. In a
+ * C harness (SmolLM2 shapes, bf16, 2-core AMD EPYC Zen 5): decode of 64 sequences of 200 tokens 0.337 -> 0.305 ms
+ * from the L3 and 0.483 -> 0.432 from memory (30 layers' caches); prefill of 4 prompts of 200 tokens 1.83 -> 0.94
+ * ms, its tiles of 30 rows sharing each 128-key step. The next step's lines are fetched a slice per row. */
 #define TILE_DP(NZ)                                                                                      \
     static void tile_dp_##NZ(const Args *args, WorkItem item, int64_t nz_rt) {                           \
         const int64_t nz = NZ > 0 ? NZ : nz_rt, head_dim = nz * 32;                                      \
@@ -263,96 +335,82 @@ static inline void interleave_pair(bf16 *out, const bf16 *v, int64_t stride, int
         const int64_t num_queries = args->query_start_loc[item.seq + 1] - token0;                        \
         const int32_t *block_table = args->block_tables + item.seq * args->max_blocks;                   \
         const int64_t span = item.num_kv_heads * head_dim, first = item.first_kv_head * head_dim;        \
-        int64_t chunk = block_size; /* tokens per step: a power of two, at most COPY_ELEMENTS elements */ \
-        while (chunk > 1 && chunk * span > COPY_ELEMENTS) chunk /= 2;                                    \
-        const int copy = span == row_stride; /* K in one contiguous read; else read in place */          \
+        int64_t step = COPY_ELEMENTS / span; /* keys a step: what the buffers hold, in whole 32s if it can */ \
+        step = step > DP_STEP ? DP_STEP : step >= 32 ? step / 32 * 32 : step > 0 ? step : 1;            \
         float acc[MAX_ROWS][NZ > 0 ? NZ * 32 : MAX_VECS * LANES];                                        \
-        float scores[MAX_BLOCK_SIZE + 2 * DP_KEYS];                                                      \
-        uint32_t high[MAX_BLOCK_SIZE / 2 + DP_KEYS], low[MAX_BLOCK_SIZE / 2 + DP_KEYS];                  \
-        const __m512i top = _mm512_set1_epi32((int)0xffff0000u);                                         \
+        float scores[DP_STEP + 2 * DP_KEYS];                                                             \
+        uint32_t high[DP_STEP / 2 + DP_KEYS], low[DP_STEP / 2 + DP_KEYS];                                \
         float row_max[MAX_ROWS], row_sum[MAX_ROWS];                                                      \
-        int64_t last_pos[MAX_ROWS], kv_offset[MAX_ROWS];                                                 \
-        const bf16 *q_rows[MAX_ROWS];                                                                    \
+        int64_t last_pos[MAX_ROWS];                                                                      \
         for (int64_t r = 0; r < rows; ++r) {                                                             \
-            const int64_t j = item.first_query + r / heads;                                              \
-            const int64_t head = item.first_kv_head * group + r % heads;                                 \
-            q_rows[r] = args->q + ((token0 + j) * args->num_q_heads + head) * head_dim;                  \
-            kv_offset[r] = (head / group) * head_dim - first; /* within the item's span */               \
-            last_pos[r] = seq_len - num_queries + j;                                                     \
+            last_pos[r] = seq_len - num_queries + item.first_query + r / heads;                          \
             row_max[r] = -INFINITY, row_sum[r] = 0.0f;                                                   \
             memset(acc[r], 0, head_dim * sizeof(float));                                                 \
         }                                                                                                \
         const int64_t tile_last = last_pos[rows - 1];                                                    \
-        bf16 kbuf[COPY_ELEMENTS], vbuf[2 * COPY_ELEMENTS];                                               \
-        for (int64_t pos = 0; pos <= tile_last; pos += chunk) {                                          \
-            const int64_t n = tile_last - pos + 1 < chunk ? tile_last - pos + 1 : chunk;                 \
-            const int64_t base = (int64_t)block_table[pos / block_size] * block_stride +                 \
-                                 (pos % block_size) * row_stride + first;                                \
-            const bf16 *next_k = NULL, *next_v = NULL; /* the next chunk, fetched a slice per row (below) */ \
-            if (pos + chunk <= tile_last) {                                                              \
-                const int64_t next = pos + chunk;                                                        \
-                const int64_t at = (int64_t)block_table[next / block_size] * block_stride +              \
-                                   (next % block_size) * row_stride + first;                             \
-                next_k = args->k_cache + at, next_v = args->v_cache + at;                                \
-            }                                                                                            \
-            const bf16 *keys = args->k_cache + base;                                                     \
-            int64_t key_stride = row_stride;                                                             \
-            if (copy) {                                                                                  \
-                memcpy(kbuf, keys, n * span * sizeof(bf16));                                             \
-                keys = kbuf, key_stride = span;                                                          \
-            }                                                                                            \
+        bf16 kbuf[COPY_ELEMENTS], vbuf[2 * COPY_ELEMENTS]; /* V by pairs: an odd step's last pair is padded */ \
+        for (int64_t pos = 0; pos <= tile_last; pos += step) {                                           \
+            const int64_t n = tile_last - pos + 1 < step ? tile_last - pos + 1 : step;                   \
+            const int64_t next = pos + step <= tile_last ? pos + step : -1;                              \
+            int64_t part = 0; /* rows of this step so far: each fetches its slice of the next step */    \
+            if (span == row_stride) /* all heads: whole runs of a block in one read each */              \
+                for (int64_t t = 0, run; t < n; t += run) {                                              \
+                    run = block_size - (pos + t) % block_size;                                           \
+                    if (run > n - t) run = n - t;                                                        \
+                    memcpy(kbuf + t * span, args->k_cache + KV_AT(pos + t, 0), run * span * sizeof(bf16)); \
+                }                                                                                        \
+            else                                                                                         \
+                for (int64_t t = 0; t < n; ++t)                                                          \
+                    memcpy(kbuf + t * span, args->k_cache + KV_AT(pos + t, 0), span * sizeof(bf16));     \
             for (int64_t t = 0; t < n; t += 2)                                                           \
-                interleave_pair(vbuf + t * span, args->v_cache + base + t * row_stride, row_stride, span, \
-                                t + 1 == n);                                                             \
-            for (int64_t r = 0; r < rows; ++r) {                                                         \
-                if (next_k != NULL)                                                                      \
-                    prefetch_slice(next_k, next_v, chunk, row_stride, span, r, rows);                    \
-                int64_t seen = last_pos[r] - pos + 1;                                                    \
-                if (seen <= 0) continue;                                                                 \
-                if (seen > n) seen = n;                                                                  \
-                __m512bh qv[NZ > 0 ? NZ : MAX_VECS * LANES / 32];                                        \
-                for (int64_t i = 0; i < nz; ++i) qv[i] = (__m512bh)_mm512_loadu_si512(q_rows[r] + 32 * i); \
-                const bf16 *kr = keys + kv_offset[r];                                                    \
-                for (int64_t t0 = 0; t0 < seen; t0 += DP_KEYS) {                                         \
-                    __m512 a[DP_KEYS];                                                                   \
-                    for (int j = 0; j < DP_KEYS; ++j) {                                                  \
-                        a[j] = _mm512_setzero_ps();                                                      \
-                        if (t0 + j < seen)                                                               \
-                            for (int64_t i = 0; i < nz; ++i)                                             \
-                                a[j] = _mm512_dpbf16_ps(a[j], qv[i], (__m512bh)_mm512_loadu_si512(       \
-                                                                         kr + (t0 + j) * key_stride + 32 * i)); \
+                interleave_pair(vbuf + t * span, args->v_cache + KV_AT(pos + t, 0),                      \
+                                t + 1 < n ? args->v_cache + KV_AT(pos + t + 1, 0) : NULL, span);         \
+            for (int64_t kh = 0; kh < item.num_kv_heads; ++kh) {                                         \
+                const bf16 *kh_keys = kbuf + kh * head_dim, *kh_values = vbuf + 2 * kh * head_dim;      \
+                for (int64_t jq = 0; jq < item.num_queries; ++jq)                                        \
+                    for (int64_t g = 0; g < group; ++g) {                                                \
+                        const int64_t r = jq * heads + kh * group + g;                                   \
+                        if (next >= 0) /* the row's slice of each block of the next step */              \
+                            for (int64_t t = 0; t < step && next + t <= tile_last; t += block_size)      \
+                                prefetch_slice(args->k_cache + KV_AT(next + t, 0), args->v_cache + KV_AT(next + t, 0), \
+                                               step < block_size ? step : block_size, row_stride, span, part, rows); \
+                        ++part;                                                                          \
+                        int64_t seen = last_pos[r] - pos + 1;                                            \
+                        if (seen <= 0) continue;                                                         \
+                        if (seen > n) seen = n;                                                          \
+                        const bf16 *q = args->q + ((token0 + item.first_query + jq) * args->num_q_heads + \
+                                                   (item.first_kv_head + kh) * group + g) * head_dim;     \
+                        __m512bh qv[NZ > 0 ? NZ : MAX_VECS * LANES / 32];                                \
+                        for (int64_t i = 0; i < nz; ++i) qv[i] = (__m512bh)_mm512_loadu_si512(q + 32 * i); \
+                        for (int64_t t0 = 0; t0 < seen; t0 += DP_KEYS) {                                 \
+                            __m512 a[DP_KEYS];                                                           \
+                            for (int j = 0; j < DP_KEYS; ++j) {                                          \
+                                a[j] = _mm512_setzero_ps();                                              \
+                                if (t0 + j < seen)                                                       \
+                                    for (int64_t i = 0; i < nz; ++i)                                     \
+                                        a[j] = _mm512_dpbf16_ps(a[j], qv[i], (__m512bh)_mm512_loadu_si512( \
+                                                                   kh_keys + (t0 + j) * span + 32 * i)); \
+                            }                                                                            \
+                            _mm512_storeu_ps(scores + t0, _mm512_mul_ps(hsum16(a), _mm512_set1_ps(args->scale))); \
+                        }                                                                                \
+                        const float correction = softmax_split(scores, seen, &row_max[r], &row_sum[r], high, low); \
+                        __m512 o[NZ > 0 ? 2 * NZ : MAX_VECS * LANES / 16];                               \
+                        __m512 o2[NZ > 0 ? 2 * NZ : MAX_VECS * LANES / 16];                              \
+                        for (int64_t i = 0; i < 2 * nz; ++i) o[i] = _mm512_setzero_ps(), o2[i] = o[i];   \
+                        for (int64_t u = 0; u < (seen + 1) / 2; ++u) {                                   \
+                            const __m512bh ph = (__m512bh)_mm512_set1_epi32((int)high[u]);               \
+                            const __m512bh pl = (__m512bh)_mm512_set1_epi32((int)low[u]);                \
+                            for (int64_t i = 0; i < 2 * nz; ++i) {                                       \
+                                const __m512bh vv = (__m512bh)_mm512_loadu_si512(kh_values + u * 2 * span + 32 * i); \
+                                o[i] = _mm512_dpbf16_ps(o[i], ph, vv);                                   \
+                                o2[i] = _mm512_dpbf16_ps(o2[i], pl, vv);                                 \
+                            }                                                                            \
+                        }                                                                                \
+                        const __m512 c = _mm512_set1_ps(correction);                                     \
+                        for (int64_t i = 0; i < 2 * nz; ++i)                                             \
+                            _mm512_storeu_ps(acc[r] + 16 * i, _mm512_fmadd_ps(_mm512_loadu_ps(acc[r] + 16 * i), c, \
+                                                                              _mm512_add_ps(o[i], o2[i]))); \
                     }                                                                                    \
-                    _mm512_storeu_ps(scores + t0, _mm512_mul_ps(hsum16(a), _mm512_set1_ps(args->scale)));  \
-                }                                                                                        \
-                const float correction = softmax_block(scores, seen, &row_max[r], &row_sum[r]);          \
-                const int64_t padded = (seen + 2 * DP_KEYS - 1) / (2 * DP_KEYS) * (2 * DP_KEYS);         \
-                for (int64_t t = seen; t < padded; ++t) scores[t] = 0.0f; /* the odd key's partner */   \
-                for (int64_t t = 0; t < padded; t += 2 * DP_KEYS) { /* p = high + low, both bf16 */     \
-                    const __m512 p0 = _mm512_loadu_ps(scores + t), p1 = _mm512_loadu_ps(scores + t + DP_KEYS); \
-                    const __m512 h0 = _mm512_castsi512_ps(_mm512_and_si512(_mm512_castps_si512(p0), top)); \
-                    const __m512 h1 = _mm512_castsi512_ps(_mm512_and_si512(_mm512_castps_si512(p1), top)); \
-                    _mm512_storeu_si512(high + t / 2, (__m512i)_mm512_cvtne2ps_pbh(h1, h0));              \
-                    _mm512_storeu_si512(low + t / 2, (__m512i)_mm512_cvtne2ps_pbh(_mm512_sub_ps(p1, h1),  \
-                                                                                  _mm512_sub_ps(p0, h0))); \
-                }                                                                                        \
-                __m512 o[NZ > 0 ? 2 * NZ : MAX_VECS * LANES / 16], o2[NZ > 0 ? 2 * NZ : MAX_VECS * LANES / 16]; \
-                const __m512 c = _mm512_set1_ps(correction);                                             \
-                for (int64_t i = 0; i < 2 * nz; ++i) {                                                   \
-                    o[i] = _mm512_mul_ps(_mm512_loadu_ps(acc[r] + 16 * i), c);                           \
-                    o2[i] = _mm512_setzero_ps();                                                         \
-                }                                                                                        \
-                const bf16 *vr = vbuf + 2 * kv_offset[r];                                                \
-                for (int64_t u = 0; u < (seen + 1) / 2; ++u) {                                           \
-                    const __m512bh ph = (__m512bh)_mm512_set1_epi32((int)high[u]);                       \
-                    const __m512bh pl = (__m512bh)_mm512_set1_epi32((int)low[u]);                        \
-                    for (int64_t i = 0; i < 2 * nz; ++i) {                                               \
-                        const __m512bh vv = (__m512bh)_mm512_loadu_si512(vr + u * 2 * span + 32 * i);    \
-                        o[i] = _mm512_dpbf16_ps(o[i], ph, vv);                                           \
-                        o2[i] = _mm512_dpbf16_ps(o2[i], pl, vv);                                         \
-                    }                                                                                    \
-                }                                                                                        \
-                for (int64_t i = 0; i < 2 * nz; ++i) o[i] = _mm512_add_ps(o[i], o2[i]);                  \
-                for (int64_t i = 0; i < 2 * nz; ++i) _mm512_storeu_ps(acc[r] + 16 * i, o[i]);            \
             }                                                                                            \
         }                                                                                                \
         for (int64_t r = 0; r < rows; ++r) {                                                             \
@@ -405,28 +463,6 @@ static int amx_usable(void) {
     if (amx_state == 0) /* ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA */
         amx_state = syscall(SYS_arch_prctl, 0x1023, 18) == 0 ? 1 : -1;
     return amx_state == 1;
-}
-
-typedef float vf16 __attribute__((vector_size(16 * sizeof(float))));
-typedef int32_t vi16 __attribute__((vector_size(16 * sizeof(int32_t))));
-
-/* vexp on 16 lanes (same polynomial). */
-static inline vf16 vexp16(vf16 x) {
-    const vf16 lo = (vf16){0} - 87.0f;
-    x = (vf16)_mm512_max_ps((__m512)x, (__m512)lo);
-    vf16 fx = x * 1.44269504088896341f + 0.5f;
-    vf16 n = __builtin_convertvector(__builtin_convertvector(fx, vi16), vf16);
-    n += __builtin_convertvector(n > fx, vf16);
-    x = x - n * 0.693359375f - n * -2.12194440e-4f;
-    vf16 y = (vf16){0} + 1.9875691500e-4f;
-    y = y * x + 1.3981999507e-3f;
-    y = y * x + 8.3334519073e-3f;
-    y = y * x + 4.1665795894e-2f;
-    y = y * x + 1.6666665459e-1f;
-    y = y * x + 5.0000001201e-1f;
-    y = y * x * x + x + 1.0f;
-    vi16 bits = (__builtin_convertvector(n, vi16) + 127) << 23;
-    return y * (vf16)bits;
 }
 
 static void tile_amx(const Args *args, WorkItem item, int64_t head_dim) {
@@ -621,21 +657,29 @@ int paged_attention(const act_t *q, act_t *out, const kv_t *k_cache, const kv_t 
     int64_t next = 0;
     for (int64_t i = 0; i < num_seq_ids; ++i) {
         const int32_t s = seq_ids[i], n = query_start_loc[s + 1] - query_start_loc[s];
+        const int64_t context0 = seq_lens[s] - n; /* keys before the sequence's first query */
         if (amx && n >= AMX_MIN_QUERIES) {
-            for (int32_t first = 0; first < n; first += amx_tile)
+            for (int32_t first = 0; first < n; first += amx_tile) {
+                const int32_t count = n - first < amx_tile ? n - first : amx_tile;
                 for (int32_t h = 0; h < num_kv_heads; ++h)
-                    items[next++] = (WorkItem){s, h, 1, first, n - first < amx_tile ? n - first : amx_tile, 1};
+                    items[next++] = (WorkItem){s, h, 1, first, count, 1, (context0 + first + count) * count};
+            }
             continue;
         }
-        for (int32_t first = 0; first < n; first += tile)
+        for (int32_t first = 0; first < n; first += tile) {
+            const int32_t count = n - first < tile ? n - first : tile;
             for (int32_t h = 0; h < num_kv_heads; h += heads_per_item)
-                items[next++] = (WorkItem){s, h, heads_per_item, first, n - first < tile ? n - first : tile, 0};
+                items[next++] = (WorkItem){s, h, heads_per_item, first, count, 0,
+                                           (context0 + first + count) * count * heads_per_item};
+        }
     }
     const int64_t nv = head_dim / LANES;
-    /* Items are handed out 4 at a time, but one at a time when there are few: a decode step of one sequence has as
-     * many items as kv heads (3 for SmolLM2), and in fours one thread took them all. */
-    const int64_t chunk = num_items >= 16 * num_threads ? 4 : 1;
-#pragma omp parallel for schedule(dynamic, chunk) num_threads(num_threads)
+    /* Largest first, one at a time: the thread that takes the last item finishes soon after the other. Decode of 64
+     * sequences of 16-384 tokens (2-core AMD EPYC Zen 5, C harness): 0.484 -> 0.455 ms a layer from memory, 0.330 ->
+     * 0.317 from the L3, against sequence order handed out in fours; and in fours a step of one sequence, whose items
+     * are its kv heads, went to one thread. */
+    if (num_items > 1) qsort(items, num_items, sizeof(WorkItem), larger_cost_first);
+#pragma omp parallel for schedule(dynamic, 1) num_threads(num_threads)
     for (int64_t i = 0; i < num_items; ++i) {
 #if HAVE_AMX
         if (items[i].amx) {

@@ -36,6 +36,12 @@ CASES = {
     # decode of many sequences (the hot path: all kv heads of a sequence in one work item)
     "decode-smollm2-heads": dict(seq_lens=[1, 17, 160, 33, 64, 5, 200, 16, 15, 99], query_lens=[1] * 10,
                                  num_q_heads=9, num_kv_heads=3, head_dim=64, block_size=16),
+    # all kv heads an item with blocks of 4: a step of 32 keys copies runs of several blocks, odd lengths end a step
+    "decode-heads-small-blocks": dict(seq_lens=[1, 2, 33, 70, 31, 96, 45, 129, 3], query_lens=[1] * 9,
+                                      num_q_heads=9, num_kv_heads=3, head_dim=64, block_size=4),
+    # all kv heads an item spanning 8 x 128 elements: steps of 8 keys (the stack copy holds no more)
+    "decode-wide-span": dict(seq_lens=[50, 9, 17, 130, 8, 64, 1, 33], query_lens=[1] * 8, num_q_heads=16,
+                             num_kv_heads=8, head_dim=128, block_size=16),
     # few sequences: one kv head per work item; head_dim 128, MHA
     "decode-few-128": dict(seq_lens=[40, 3], query_lens=[1, 1], num_q_heads=4, num_kv_heads=4, head_dim=128,
                            block_size=8),
@@ -48,7 +54,7 @@ CASES = {
     # head_dim not a multiple of 8: the C loop refuses it and the torch path answers
     "odd-head-dim": dict(seq_lens=[9, 30], query_lens=[1, 3], num_q_heads=2, num_kv_heads=1, head_dim=20,
                          block_size=4),
-    # blocks larger than the bf16 dot-product path's stack copy (it walks them in chunks of 32 tokens)
+    # blocks larger than the bf16 dot-product path's stack copy (it walks them in steps of 32 keys)
     "decode-big-blocks": dict(seq_lens=[300, 1, 129, 64, 31, 256, 200, 7], query_lens=[1, 1, 3, 1, 1, 1, 1, 1],
                               num_q_heads=9, num_kv_heads=3, head_dim=64, block_size=128),
     # prefill on AMX tiles (bf16, CPUs with amx_bf16): chunks after a cached prefix, more queries than one item's
