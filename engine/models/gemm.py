@@ -10,6 +10,10 @@ Paths, each in the model's dtype with fp32 accumulation:
     vdpbf16ps in bf16, 8 on FMAs in fp32). A step of one sequence ran 25% faster with it in bf16 (SmolLM2, Zen 4
     VM: 26.5 -> 20.0 ms a token, GEMMs 15.3 -> 11.1 ms); in fp32 on the Zen 1 VM it read the weights at 19-23 GB/s
     at M = 1 against oneDNN's 12-18;
+  * ``packed`` (bf16 on CPUs with AVX512-BF16): ``kernels/cpu/packed_gemm.c`` on the weight packed once into
+    32-column panels, vdpbf16ps on 8 rows x 32 columns at a time, each next panel fetched while the one before is
+    multiplied. On the Zen 5 VM, SmolLM2's layer projections at M = 64 with every layer's weights cycled (as a
+    decode step reads them): 21.5 ms a step on ``onednn``, 16.0 here;
 and, for quantized weights (``engine.models.quant``), ``w8a8``, ``w8a16`` and ``w4a16``, and ``dequantized`` (the
 quantized values as a dense oneDNN weight, for the bands where a step's many tokens make the GEMM compute-bound).
 Which one is faster depends on the CPU, the shape and the number of tokens M, so ``engine.models.gemm_choice``
@@ -25,7 +29,7 @@ import torch
 import torch.nn.functional as F
 
 from engine.models import quant
-from kernels.cpu import gemv
+from kernels.cpu import gemv, packed_gemm
 
 
 @dataclass(frozen=True, slots=True)
@@ -55,6 +59,19 @@ def _dequantized_run(x: torch.Tensor, operand: dict, bias: torch.Tensor | None) 
     return _onednn_run(x, packed, bias)
 
 
+def _packed_pack(weight: torch.Tensor) -> tuple[packed_gemm.PackedWeight | None, torch.Tensor | None]:
+    packed = packed_gemm.pack(weight)
+    return packed, (weight.detach() if packed is None else None)  # the plain weight only where it is needed
+
+
+def _packed_run(x: torch.Tensor, operand: tuple, bias: torch.Tensor | None) -> torch.Tensor:
+    packed, weight = operand
+    y = None if packed is None else packed_gemm.packed_gemm(x.contiguous(), packed, bias)
+    if y is not None:
+        return y
+    return F.linear(x, weight if weight is not None else packed_gemm.unpack(packed).to(x.dtype), bias)
+
+
 def _gemv_pack(weight: torch.Tensor) -> tuple[gemv.GemvWeight | None, torch.Tensor]:
     weight = weight.detach().contiguous()
     return gemv.prepare(weight), weight
@@ -70,6 +87,7 @@ PATHS = {
     "torch": GemmPath("torch", lambda weight: weight, F.linear),
     "onednn": GemmPath("onednn", _onednn_pack, _onednn_run),
     "gemv": GemmPath("gemv", _gemv_pack, _gemv_run, gemv.MAX_ROWS),
+    "packed": GemmPath("packed", _packed_pack, _packed_run),
     "w8a8": GemmPath("w8a8", quant.w8a8_pack, quant.w8a8_run),
     "w8a16": GemmPath("w8a16", quant.w8a16_pack, quant.w8a16_run),
     "w4a16": GemmPath("w4a16", quant.w4a16_pack, quant.w4a16_run),
@@ -90,7 +108,8 @@ def available_paths(device_type: str, dtype: torch.dtype, fmt: str = "dense") ->
     if device_type != "cpu":
         return ("torch",)
     paths = ("torch", "onednn") if _onednn_works(dtype) else ("torch",)
-    return paths + ("gemv",) if gemv.available(dtype) else paths
+    paths += ("gemv",) if gemv.available(dtype) else ()
+    return paths + ("packed",) if dtype == torch.bfloat16 and packed_gemm.available() else paths
 
 
 def _onednn_works(dtype: torch.dtype) -> bool:

@@ -32,8 +32,9 @@ def test_this_torch_build_has_onednn_for_fp32_and_for_bf16_where_the_cpu_has_it(
     assert available_paths("cpu", torch.float32) == ("torch", "onednn") + gemv_f32
     # oneDNN's bf16 needs AVX-512 (its own check, not ours): an AVX2-only CPU runs bf16 on F.linear alone
     bf16 = ("torch", "onednn") if torch.ops.mkldnn._is_mkldnn_bf16_supported() else ("torch",)
-    gemv = ("gemv",) if "avx512_bf16" in cpu_info().flags else ()  # kernels/cpu/gemv.c: tests/kernels/test_gemv.py
-    assert available_paths("cpu", torch.bfloat16) == bf16 + gemv
+    # kernels/cpu/gemv.c and packed_gemm.c: tests/kernels/test_gemv.py and test_packed_gemm.py
+    dots = ("gemv", "packed") if "avx512_bf16" in cpu_info().flags else ()
+    assert available_paths("cpu", torch.bfloat16) == bf16 + dots
     assert available_paths("cuda", torch.bfloat16) == ("torch",)  # cuBLAS through F.linear, nothing else
 
 

@@ -8,16 +8,12 @@ import torch.nn.functional as F
 from engine.cpu_info import cpu_info
 from engine.models.gemm import PATHS, available_paths
 from kernels.cpu import gemv, native
+from tests.support.gemm_operands import bf16_operands
 
 HAS_DOTS = "avx512_bf16" in cpu_info().flags
 
 
-def _operands(m, n, k, bias, seed=0):
-    g = torch.Generator().manual_seed(seed)
-    x = torch.randn(m, k, generator=g).bfloat16()
-    w = (torch.randn(n, k, generator=g) / k**0.5).bfloat16()
-    b = torch.randn(n, generator=g).bfloat16() if bias else None
-    return x, w, b
+_operands = bf16_operands
 
 
 def test_available_in_bf16_exactly_where_the_cpu_has_bf16_dot_products_and_in_float32_wherever_it_builds():
