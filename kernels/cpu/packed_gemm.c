@@ -24,8 +24,10 @@
 #define PANEL 32 /* output columns of a panel */
 #define ROWS 8   /* rows of x a microkernel call takes */
 
-/* 1 when this build has the kernel (a CPU with AVX512-BF16), else 0. */
+/* 1 when this build has the bf16 kernel (a CPU with AVX512-BF16), else 0; packed_gemm_f32_available the same for
+ * float32 (AVX-512F). */
 int packed_gemm_available(void);
+int packed_gemm_f32_available(void);
 
 /* w [n, k] -> out [n / 32][k / 2][32][2]; -1 if the shape is not a multiple of the panel. */
 int packed_gemm_pack(const bf16 *w, int64_t n, int64_t k, bf16 *out) {
@@ -38,6 +40,37 @@ int packed_gemm_pack(const bf16 *w, int64_t n, int64_t k, bf16 *out) {
                 packed[(p * (k / 2) + j) * PANEL + c] = pairs[(p * PANEL + c) * (k / 2) + j];
     return 0;
 }
+
+/* float32: w [n, k] -> out [n / 32][k][32]; -1 if n is not a multiple of the panel. */
+int packed_gemm_pack_f32(const float *w, int64_t n, int64_t k, float *out) {
+    if (n <= 0 || k <= 0 || n % PANEL) return -1;
+    for (int64_t p = 0; p < n / PANEL; ++p)
+        for (int64_t j = 0; j < k; ++j)
+            for (int64_t c = 0; c < PANEL; ++c) out[(p * k + j) * PANEL + c] = w[(p * PANEL + c) * k + j];
+    return 0;
+}
+
+/* The panels of a thread, fetching each next one while computing the one before (see the top): `kernels[rows]`
+ * multiplies up to ROWS rows of x by one panel. */
+#define DRIVE(T, kernels, panel_size)                                                                    \
+    do {                                                                                                 \
+        const int64_t panels = n / PANEL, lines = (panel_size) * (int64_t)sizeof(T) / 64;                \
+        const int64_t blocks = (m + ROWS - 1) / ROWS;                                                    \
+        _Pragma("omp parallel num_threads(num_threads)") {                                               \
+            const int64_t threads = omp_get_num_threads(), t = omp_get_thread_num();                     \
+            const int64_t first = panels * t / threads, last = panels * (t + 1) / threads;              \
+            for (int64_t p = first; p < last; ++p) {                                                     \
+                const T *panel = packed + p * (panel_size);                                              \
+                const char *next = p + 1 < last ? (const char *)(panel + (panel_size)) : NULL;           \
+                for (int64_t b = 0; b < blocks; ++b) {                                                   \
+                    const int64_t r0 = b * ROWS, rows = m - r0 < ROWS ? m - r0 : ROWS;                   \
+                    const int64_t from = lines * b / blocks, count = lines * (b + 1) / blocks - from;    \
+                    kernels[rows](x + r0 * k, k, panel, next, from, count, bias == NULL ? NULL : bias + p * PANEL, \
+                                  y + r0 * n + p * PANEL, n);                                            \
+                }                                                                                        \
+            }                                                                                            \
+        }                                                                                                \
+    } while (0)
 
 #if defined(__AVX512BF16__) && defined(__AVX512BW__)
 int packed_gemm_available(void) { return 1; }
@@ -95,24 +128,7 @@ static const Kernel kernels[ROWS + 1] = {NULL,     kernel_1, kernel_2, kernel_3,
 int packed_gemm(const bf16 *x, int64_t m, const bf16 *packed, const bf16 *bias, int64_t n, int64_t k, bf16 *y,
                 int64_t num_threads) {
     if (m < 1 || n <= 0 || k <= 0 || n % PANEL || k % 2) return -1;
-    const int64_t panels = n / PANEL, panel_size = k * PANEL; /* bf16 elements of a panel */
-    const int64_t panel_lines = panel_size * (int64_t)sizeof(bf16) / 64, blocks = (m + ROWS - 1) / ROWS;
-#pragma omp parallel num_threads(num_threads)
-    {
-        /* a run of panels a thread: it fetches each next one while it computes the one before */
-        const int64_t threads = omp_get_num_threads(), t = omp_get_thread_num();
-        const int64_t first = panels * t / threads, last = panels * (t + 1) / threads;
-        for (int64_t p = first; p < last; ++p) {
-            const bf16 *panel = packed + p * panel_size;
-            const char *next = p + 1 < last ? (const char *)(panel + panel_size) : NULL;
-            for (int64_t b = 0; b < blocks; ++b) {
-                const int64_t r0 = b * ROWS, rows = m - r0 < ROWS ? m - r0 : ROWS;
-                const int64_t from = panel_lines * b / blocks, count = panel_lines * (b + 1) / blocks - from;
-                kernels[rows](x + r0 * k, k, panel, next, from, count, bias == NULL ? NULL : bias + p * PANEL,
-                              y + r0 * n + p * PANEL, n);
-            }
-        }
-    }
+    DRIVE(bf16, kernels, k * PANEL);
     return 0;
 }
 #else
@@ -120,6 +136,66 @@ int packed_gemm_available(void) { return 0; }
 
 int packed_gemm(const bf16 *x, int64_t m, const bf16 *packed, const bf16 *bias, int64_t n, int64_t k, bf16 *y,
                 int64_t num_threads) {
+    (void)x, (void)m, (void)packed, (void)bias, (void)n, (void)k, (void)y, (void)num_threads;
+    return -1;
+}
+#endif
+
+#if defined(__AVX512F__)
+int packed_gemm_f32_available(void) { return 1; }
+
+/* float32: per inner index, two panel rows (32 columns) times a broadcast x[r][j], on FMAs. */
+#define KERNEL_F32(R)                                                                                     \
+    static inline void kernel_f32_##R(const float *x, int64_t k, const float *panel, const char *next,     \
+                                      int64_t from, int64_t count, const float *bias, float *y, int64_t n) { \
+        __m512 acc[R][2];                                                                                 \
+        for (int r = 0; r < R; ++r) acc[r][0] = acc[r][1] = _mm512_setzero_ps();                         \
+        int64_t fetched = 0;                                                                              \
+        for (int64_t j = 0; j < k; ++j) {                                                                 \
+            const __m512 w0 = _mm512_loadu_ps(panel + j * PANEL), w1 = _mm512_loadu_ps(panel + j * PANEL + 16); \
+            for (int r = 0; r < R; ++r) {                                                                 \
+                const __m512 a = _mm512_set1_ps(x[r * k + j]);                                            \
+                acc[r][0] = _mm512_fmadd_ps(a, w0, acc[r][0]);                                            \
+                acc[r][1] = _mm512_fmadd_ps(a, w1, acc[r][1]);                                            \
+            }                                                                                             \
+            if (next != NULL)                                                                             \
+                for (const int64_t until = (j + 1) * count / k; fetched < until; ++fetched)               \
+                    __builtin_prefetch(next + (from + fetched) * 64, 0, 1);                               \
+        }                                                                                                 \
+        const __m512 b0 = bias != NULL ? _mm512_loadu_ps(bias) : _mm512_setzero_ps();                    \
+        const __m512 b1 = bias != NULL ? _mm512_loadu_ps(bias + 16) : _mm512_setzero_ps();               \
+        for (int r = 0; r < R; ++r) {                                                                     \
+            _mm512_storeu_ps(y + r * n, _mm512_add_ps(acc[r][0], b0));                                    \
+            _mm512_storeu_ps(y + r * n + 16, _mm512_add_ps(acc[r][1], b1));                               \
+        }                                                                                                 \
+    }
+
+KERNEL_F32(1)
+KERNEL_F32(2)
+KERNEL_F32(3)
+KERNEL_F32(4)
+KERNEL_F32(5)
+KERNEL_F32(6)
+KERNEL_F32(7)
+KERNEL_F32(8)
+
+typedef void (*KernelF32)(const float *, int64_t, const float *, const char *, int64_t, int64_t, const float *,
+                          float *, int64_t);
+static const KernelF32 kernels_f32[ROWS + 1] = {NULL,         kernel_f32_1, kernel_f32_2, kernel_f32_3, kernel_f32_4,
+                                                kernel_f32_5, kernel_f32_6, kernel_f32_7, kernel_f32_8};
+
+/* y [m, n] = x [m, k] @ W.T (+ bias [n]), W packed by packed_gemm_pack_f32; all float32. */
+int packed_gemm_f32(const float *x, int64_t m, const float *packed, const float *bias, int64_t n, int64_t k,
+                    float *y, int64_t num_threads) {
+    if (m < 1 || n <= 0 || k <= 0 || n % PANEL) return -1;
+    DRIVE(float, kernels_f32, k * PANEL);
+    return 0;
+}
+#else
+int packed_gemm_f32_available(void) { return 0; }
+
+int packed_gemm_f32(const float *x, int64_t m, const float *packed, const float *bias, int64_t n, int64_t k,
+                    float *y, int64_t num_threads) {
     (void)x, (void)m, (void)packed, (void)bias, (void)n, (void)k, (void)y, (void)num_threads;
     return -1;
 }

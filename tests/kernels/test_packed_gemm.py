@@ -1,5 +1,6 @@
-"""The bf16 GEMM of kernels/cpu/packed_gemm.c (the GEMM choice's ``packed`` path) against float32 products of the
-same values: every row count around its 8-row microkernel, SmolLM2's shapes, a bias, and what it declines."""
+"""The GEMMs of kernels/cpu/packed_gemm.c (the GEMM choice's ``packed`` path): bf16 against float32 products of the
+same values, float32 against float64 ones; every row count around the 8-row microkernel, SmolLM2's shapes, a bias,
+and what they decline."""
 
 import pytest
 import torch
@@ -11,16 +12,21 @@ from kernels.cpu import packed_gemm
 from tests.support.gemm_operands import bf16_operands
 
 HAS_DOTS = {"avx512_bf16", "avx512bw"} <= cpu_info().flags
+HAS_AVX512 = "avx512f" in cpu_info().flags
 needs_dots = pytest.mark.skipif(not HAS_DOTS, reason="the kernel needs AVX512-BF16; other CPUs never offer the path")
+needs_avx512 = pytest.mark.skipif(not HAS_AVX512, reason="the fp32 kernel needs AVX-512; other CPUs never offer it")
+ROW_COUNTS = [1, 2, 3, 4, 5, 6, 7, 8, 9, 12, 15, 16, 17, 64, 130]  # every remainder of the 8-row microkernel
 
 
 _operands = bf16_operands
 
 
-def test_available_exactly_where_the_cpu_has_bf16_dot_products():
+def test_available_exactly_where_the_cpu_has_the_instructions():
     assert packed_gemm.available() == HAS_DOTS
     assert ("packed" in available_paths("cpu", torch.bfloat16)) == HAS_DOTS
-    assert "packed" not in available_paths("cpu", torch.float32)
+    assert packed_gemm.available(torch.float32) == HAS_AVX512
+    assert ("packed" in available_paths("cpu", torch.float32)) == HAS_AVX512
+    assert not packed_gemm.available(torch.float16)
 
 
 @needs_dots
@@ -30,10 +36,14 @@ def test_the_panels_hold_the_weight():
     panels = packed.data.view(3, 5, 32, 2)  # [N / 32][K / 2][32][2]
     assert torch.equal(panels[1, 2, 7], w[32 + 7, 4:6])
     assert torch.equal(packed_gemm.unpack(packed), w)
+    if HAS_AVX512:
+        packed = packed_gemm.pack(w.float())
+        assert torch.equal(packed.data.view(3, 10, 32)[1, 4, 7], w[32 + 7, 4].float())  # [N / 32][K][32]
+        assert torch.equal(packed_gemm.unpack(packed), w.float())
 
 
 @needs_dots
-@pytest.mark.parametrize("m", [1, 2, 3, 4, 5, 6, 7, 8, 9, 12, 15, 16, 17, 64, 130])
+@pytest.mark.parametrize("m", ROW_COUNTS)
 @pytest.mark.parametrize(("n", "k", "bias"),
                          [(960, 576, False), (576, 1536, True), (3072, 576, False), (32, 2, True), (64, 34, False)])
 def test_matches_float32_products_within_one_bf16_rounding(m, n, k, bias):
@@ -47,6 +57,21 @@ def test_matches_float32_products_within_one_bf16_rounding(m, n, k, bias):
     assert torch.equal(packed_gemm.packed_gemm(x[-1:].clone(), packed_gemm.pack(w), b), y[-1:])
 
 
+@needs_avx512
+@pytest.mark.parametrize("m", ROW_COUNTS)
+@pytest.mark.parametrize(("n", "k", "bias"), [(960, 576, True), (576, 1536, False), (32, 1, True), (64, 35, False)])
+def test_float32_matches_float64_products_to_the_sums_order(m, n, k, bias):
+    g = torch.Generator().manual_seed(m * n + k)
+    x = torch.randn(m, k, generator=g)
+    w = torch.randn(n, k, generator=g) / k**0.5
+    b = torch.randn(n, generator=g) if bias else None
+    y = packed_gemm.packed_gemm(x, packed_gemm.pack(w), b)
+    assert y is not None and y.dtype == torch.float32 and y.shape == (m, n)
+    expected = F.linear(x.double(), w.double(), None if b is None else b.double())
+    torch.testing.assert_close(y.double(), expected, rtol=1e-5, atol=1e-5)
+    assert torch.equal(packed_gemm.packed_gemm(x[-1:].clone(), packed_gemm.pack(w), b), y[-1:])
+
+
 @needs_dots
 def test_the_vocabulary_projection_of_smollm2():
     x, w, _ = _operands(5, 49152, 576, False, seed=7)
@@ -56,8 +81,8 @@ def test_the_vocabulary_projection_of_smollm2():
 
 def test_declines_what_it_does_not_compute():
     x, w, b = _operands(3, 960, 576, True)
-    assert packed_gemm.pack(w.float()) is None  # float32
     assert packed_gemm.pack(w.half()) is None  # float16
+    assert packed_gemm.pack(w.float()[:944]) is None  # N not a multiple of 32, in float32 too
     assert packed_gemm.pack(w[:944]) is None  # N not a multiple of 32
     assert packed_gemm.pack(w[:, :575]) is None  # K odd
     assert packed_gemm.pack(w[0]) is None  # not a matrix
@@ -66,6 +91,8 @@ def test_declines_what_it_does_not_compute():
         return
     packed = packed_gemm.pack(w)
     assert packed_gemm.packed_gemm(x.float(), packed, None) is None  # x of another dtype
+    if HAS_AVX512:
+        assert packed_gemm.packed_gemm(x, packed_gemm.pack(w.float()), None) is None  # bf16 x, float32 weight
     assert packed_gemm.packed_gemm(x[:, :574].contiguous(), packed, None) is None  # K of another weight
     assert packed_gemm.packed_gemm(x[:, ::2], packed, None) is None  # not contiguous
     assert packed_gemm.packed_gemm(x[:0], packed, None) is None  # no rows
@@ -73,10 +100,11 @@ def test_declines_what_it_does_not_compute():
     assert packed_gemm.packed_gemm(x, packed, b[:32].contiguous()) is None  # bias of another length
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
 @pytest.mark.parametrize(("n", "k"), [(960, 576), (944, 576)])
-def test_the_gemm_path_multiplies_what_the_kernel_declines(n, k):
+def test_the_gemm_path_multiplies_what_the_kernel_declines(n, k, dtype):
     """The path on a weight the kernel cannot pack (N not a multiple of 32), or on x not contiguous, is F.linear."""
-    x, w, b = _operands(6, n, k, True, seed=3)
+    x, w, b = (t.to(dtype) for t in _operands(6, n, k, True, seed=3))
     path = PATHS["packed"]
     operand = path.pack(w)
     expected = F.linear(x.float(), w.float(), b.float())
