@@ -16,7 +16,8 @@ Paths, each in the model's dtype with fp32 accumulation:
     layer's weights cycled (as a decode step reads them): 21.5 ms a step on ``onednn``, 16.0 here in bf16; 45.2 and
     34.2 in fp32;
 and, for quantized weights (``engine.models.quant``), ``w8a8``, ``w8a16`` and ``w4a16``, and ``dequantized`` (the
-quantized values as a dense oneDNN weight, for the bands where a step's many tokens make the GEMM compute-bound).
+quantized values as a dense weight, on the packed kernel where it takes it, else oneDNN, for the bands where a step's
+many tokens make the GEMM compute-bound).
 Which one is faster depends on the CPU, the shape and the number of tokens M, so ``engine.models.gemm_choice``
 times them on the machine and binds a :class:`LinearKernel` to every projection.
 """
@@ -54,10 +55,14 @@ def _dequantized_pack(weight) -> dict:  # a quant.Int8Weight/Int4Weight; its den
 
 
 def _dequantized_run(x: torch.Tensor, operand: dict, bias: torch.Tensor | None) -> torch.Tensor:
-    packed = operand["by_dtype"].get(x.dtype)
-    if packed is None:
-        packed = operand["by_dtype"][x.dtype] = _onednn_pack(operand["weight"].dequantize().to(x.dtype))
-    return _onednn_run(x, packed, bias)
+    dense = operand["by_dtype"].get(x.dtype)
+    if dense is None:  # the packed kernel's panels where it takes the weight, else oneDNN's blocked layout
+        weight = operand["weight"].dequantize().to(x.dtype)
+        packed = packed_gemm.pack(weight)
+        dense = operand["by_dtype"][x.dtype] = (
+            (_packed_run, (packed, None)) if packed is not None else (_onednn_run, _onednn_pack(weight)))
+    run, packed = dense
+    return run(x, packed, bias)
 
 
 def _packed_pack(weight: torch.Tensor) -> tuple[packed_gemm.PackedWeight | None, torch.Tensor | None]:
@@ -92,9 +97,9 @@ PATHS = {
     "w8a8": GemmPath("w8a8", quant.w8a8_pack, quant.w8a8_run),
     "w8a16": GemmPath("w8a16", quant.w8a16_pack, quant.w8a16_run),
     "w4a16": GemmPath("w4a16", quant.w4a16_pack, quant.w4a16_run),
-    # the quantized weight's values in the activations' dtype, on oneDNN: the same numbers as the weight-only
-    # kernels (int8 or int4 weights), at dense speed where many tokens make a step compute-bound; a band that
-    # takes it holds a dense copy beside the quantized one
+    # the quantized weight's values in the activations' dtype, on the packed kernel (else oneDNN): the same numbers
+    # as the weight-only kernels (int8 or int4 weights), at dense speed where many tokens make a step compute-bound;
+    # a band that takes it holds a dense copy beside the quantized one
     "dequantized": GemmPath("dequantized", _dequantized_pack, _dequantized_run),
 }
 
@@ -104,7 +109,8 @@ def available_paths(device_type: str, dtype: torch.dtype, fmt: str = "dense") ->
     """The paths that run ``dtype`` GEMMs on this device for weights of format ``fmt`` (``quant.weight_format``):
     for dense ones ``torch`` always, ``onednn`` on CPUs where this torch build has it for ``dtype``."""
     if fmt != "dense":
-        dense = ("dequantized",) if device_type == "cpu" and _onednn_works(dtype) else ()
+        dense_kernel = _onednn_works(dtype) or packed_gemm.available(dtype)
+        dense = ("dequantized",) if device_type == "cpu" and dense_kernel else ()
         return quant.quantized_paths(device_type, dtype, fmt) + dense
     if device_type != "cpu":
         return ("torch",)

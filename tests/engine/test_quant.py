@@ -53,9 +53,9 @@ def test_int8_paths_compute_f_linear_of_the_dequantized_weight(dtype, out_featur
     q = quantize_int8(weight)
     bias = torch.randn(out_features, generator=g).to(dtype)
     reference = q.dequantize()
-    # w8a8 where int8 dot products sum exactly; dequantized: the same values as a dense oneDNN weight, where this
-    # CPU's oneDNN takes the dtype (bf16 needs AVX-512)
-    dense = "onednn" in available_paths("cpu", dtype)
+    # w8a8 where int8 dot products sum exactly; dequantized: the same values as a dense weight, where this CPU has a
+    # dense kernel for the dtype (oneDNN's bf16 needs AVX-512; the packed kernel's AVX-512, and AVX512-BF16 for bf16)
+    dense = bool({"onednn", "packed"} & set(available_paths("cpu", dtype)))
     expected_paths = ("w8a16",) + (("w8a8",) if INT8_DOT else ()) + (("dequantized",) if dense else ())
     assert available_paths("cpu", dtype, "int8") == expected_paths
     for path in ("w8a16",) + (("w8a8",) if INT8_DOT else ()) + (("dequantized",) if dense else ()):
@@ -65,7 +65,7 @@ def test_int8_paths_compute_f_linear_of_the_dequantized_weight(dtype, out_featur
             expected = F.linear(x.float(), reference, bias.float())
             got = kernel(x)
             assert got.dtype == dtype and got.shape == (m, out_features)
-            if path == "dequantized":  # the dequantized values in x's dtype, products summed by oneDNN
+            if path == "dequantized":  # the dequantized values in x's dtype, products summed by a dense kernel
                 dense = reference.to(dtype).float()
                 expected = F.linear(x.float(), dense, bias.float())
                 tolerance = (1e-4, 1e-4) if dtype == torch.float32 else (2**-7, 3e-2)
