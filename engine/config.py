@@ -13,7 +13,7 @@ _MEMORY = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([KMGT]i?B|B)?\s*$", re.IGNORECASE)
 _UNITS = {"b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
           "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}
 _DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
-GEMM_MODES = ("auto", "torch", "onednn")
+GEMM_MODES = ("auto", "torch", "onednn", "packed")
 QUANTIZATIONS = (None, "int8")
 MAX_LORA_RANK = 512
 

@@ -11,7 +11,7 @@ from pathlib import Path
 logger = logging.getLogger("engine.server")
 # Spelled out rather than imported from engine.config: that pulls in torch, and --help should not wait for it.
 DTYPE_CHOICES = ("auto", "float32", "bfloat16", "float16")
-GEMM_MODES = ("auto", "torch", "onednn")
+GEMM_MODES = ("auto", "torch", "onednn", "packed")
 
 
 def build_parser() -> argparse.ArgumentParser:

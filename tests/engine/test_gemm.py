@@ -204,11 +204,13 @@ def test_a_fixed_path_does_no_timing(variant, request, gemm_cache, monkeypatch):
     model = plain.llm_engine.model_runner.model
     assert all(p.kernel is None for p in model.modules() if isinstance(p, Projection))  # F.linear, as before
     expected = [o.outputs[0].token_ids for o in plain.generate(PROMPTS, GREEDY, use_tqdm=False)]
-    if "onednn" in available_paths("cpu", torch.float32):
-        packed = LLM(str(folder), dtype="float32", gemm="onednn", num_kv_blocks=64, block_size=4)
-        model = packed.llm_engine.model_runner.model
-        assert all(p.kernel.paths == {"onednn"} for p in model.modules() if isinstance(p, Projection))
-        assert [o.outputs[0].token_ids for o in packed.generate(PROMPTS, GREEDY, use_tqdm=False)] == expected
+    for path in ("onednn", "packed"):
+        if path not in available_paths("cpu", torch.float32):
+            continue
+        fixed = LLM(str(folder), dtype="float32", gemm=path, num_kv_blocks=64, block_size=4)
+        model = fixed.llm_engine.model_runner.model
+        assert all(p.kernel.paths == {path} for p in model.modules() if isinstance(p, Projection))
+        assert [o.outputs[0].token_ids for o in fixed.generate(PROMPTS, GREEDY, use_tqdm=False)] == expected, path
     assert not list(gemm_cache.iterdir())
 
 
