@@ -61,8 +61,8 @@ def _dequantized_run(x: torch.Tensor, operand: dict, bias: torch.Tensor | None) 
         packed = packed_gemm.pack(weight)
         dense = operand["by_dtype"][x.dtype] = (
             (_packed_run, (packed, None)) if packed is not None else (_onednn_run, _onednn_pack(weight)))
-    run, packed = dense
-    return run(x, packed, bias)
+    run, dense_operand = dense
+    return run(x, dense_operand, bias)
 
 
 def _packed_pack(weight: torch.Tensor) -> tuple[packed_gemm.PackedWeight | None, torch.Tensor | None]:

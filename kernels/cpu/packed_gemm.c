@@ -1,5 +1,7 @@
-/* y = x @ W.T (+ bias) in bf16 on CPUs with AVX512-BF16, W packed once into column panels: the decode and small
- * prefill steps' projections, where oneDNN's bf16 inner product left the cores idle while a weight came from memory.
+/* y = x @ W.T (+ bias) with W packed once into column panels, in bf16 on CPUs with AVX512-BF16 and in float32 on
+ * CPUs with AVX-512: the decode and small prefill steps' projections, where oneDNN's inner product left the cores
+ * idle while a weight came from memory. The bf16 kernel is described here; the float32 one (below) is the same
+ * with one inner index a panel row ([N / 32][K][32]) and FMAs against a broadcast x[r][j].
  *
  * Layout: W [N, K] becomes [N / 32][K / 2][32][2]: a panel of 32 output columns, and in it, for each pair of the
  * inner dimension, the 32 columns' two values side by side: one 64-byte row of the panel is what vdpbf16ps takes
@@ -12,8 +14,9 @@
  * M = 64, 21.5 ms a step through oneDNN on its own blocked weights (632 GFLOP/s; 16.8 ms when the weights sit in
  * cache), 16.0 ms here (848; 15.1 warm); at M = 8, 7.6 -> 4.4 ms; at M = 256, 61.7 -> 57.1 ms.
  *
- * Sums are float32 in another order than oneDNN's; y is rounded to bf16 once, after the bias. N must be a multiple
- * of 32 and K of 2; other shapes and CPUs without the instructions return -1 (the caller multiplies another way).
+ * Sums are float32 in another order than oneDNN's; a bf16 y is rounded once, after the bias. N must be a multiple
+ * of 32 (and K of 2 in bf16); other shapes and CPUs without the instructions return -1 (the caller multiplies
+ * another way). On the same VM in float32 at M = 64: 45.2 ms a step on oneDNN, 34.2 here.
  */
 #include <omp.h>
 #include <stdint.h>

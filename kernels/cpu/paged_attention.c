@@ -174,18 +174,17 @@ static inline void prefetch_step(const Args *args, const int32_t *table, int64_t
     }
 }
 
-/* K and V of `n` keys from position `pos` (`span` elements from `first` of rows `stride` apart) into kbuf and vbuf,
- * `span` apart: whole runs of a block in one read each when the span is the whole row. */
-static inline void copy_step(const Args *args, const int32_t *table, int64_t pos, int64_t n, int64_t first,
-                             int64_t span, int64_t stride, kv_t *kbuf, kv_t *vbuf) {
+/* `n` keys from position `pos` of one cache (`span` elements from `first` of rows `stride` apart) into buf, `span`
+ * apart: whole runs of a block in one read each when the span is the whole row. */
+static inline void copy_step(const Args *args, const kv_t *cache, const int32_t *table, int64_t pos, int64_t n,
+                             int64_t first, int64_t span, int64_t stride, kv_t *buf) {
     const int64_t block_size = args->block_size, block_stride = block_size * stride;
     for (int64_t t = 0, run; t < n; t += run) {
         run = span == stride ? block_size - (pos + t) % block_size : 1;
         if (run > n - t) run = n - t;
         const int64_t at = (int64_t)table[(pos + t) / block_size] * block_stride + ((pos + t) % block_size) * stride +
                            first;
-        memcpy(kbuf + t * span, args->k_cache + at, run * span * sizeof(kv_t));
-        memcpy(vbuf + t * span, args->v_cache + at, run * span * sizeof(kv_t));
+        memcpy(buf + t * span, cache + at, run * span * sizeof(kv_t));
     }
 }
 
@@ -231,7 +230,8 @@ static inline void copy_step(const Args *args, const int32_t *table, int64_t pos
         for (int64_t pos = 0; pos <= tile_last; pos += step) {                                           \
             const int64_t n = tile_last - pos + 1 < step ? tile_last - pos + 1 : step;                   \
             const int64_t next = pos + step <= tile_last ? pos + step : -1;                              \
-            copy_step(args, block_table, pos, n, first, span, row_stride, kbuf, vbuf);                   \
+            copy_step(args, args->k_cache, block_table, pos, n, first, span, row_stride, kbuf);           \
+            copy_step(args, args->v_cache, block_table, pos, n, first, span, row_stride, vbuf);           \
             for (int64_t r = 0; r < rows; ++r) {                                                         \
                 if (next >= 0) /* the row's slice of each block of the next step */                      \
                     prefetch_step(args, block_table, next, tile_last, first, span, row_stride, step, r, rows); \
@@ -340,9 +340,8 @@ static inline void interleave_pair(bf16 *out, const bf16 *v0, const bf16 *v1, in
     }
 }
 
-/* Where kv head `kh` of the item starts, at position p, in the caches. */
-#define KV_AT(p, kh) ((int64_t)block_table[(p) / block_size] * block_stride + ((p) % block_size) * row_stride + \
-                      first + (kh) * head_dim)
+/* Where the item's span of position p starts in the caches. */
+#define KV_AT(p) ((int64_t)block_table[(p) / block_size] * block_stride + ((p) % block_size) * row_stride + first)
 
 /* An item walks its context in steps of COPY_ELEMENTS / span keys (32 for a decode item of SmolLM2's three kv heads,
  * 128 for one kv head of a prefill tile): the step's K copied to the stack (whole runs of a block in one read when
@@ -383,18 +382,10 @@ static inline void interleave_pair(bf16 *out, const bf16 *v0, const bf16 *v1, in
             const int64_t n = tile_last - pos + 1 < step ? tile_last - pos + 1 : step;                   \
             const int64_t next = pos + step <= tile_last ? pos + step : -1;                              \
             int64_t part = 0; /* rows of this step so far: each fetches its slice of the next step */    \
-            if (span == row_stride) /* all heads: whole runs of a block in one read each */              \
-                for (int64_t t = 0, run; t < n; t += run) {                                              \
-                    run = block_size - (pos + t) % block_size;                                           \
-                    if (run > n - t) run = n - t;                                                        \
-                    memcpy(kbuf + t * span, args->k_cache + KV_AT(pos + t, 0), run * span * sizeof(bf16)); \
-                }                                                                                        \
-            else                                                                                         \
-                for (int64_t t = 0; t < n; ++t)                                                          \
-                    memcpy(kbuf + t * span, args->k_cache + KV_AT(pos + t, 0), span * sizeof(bf16));     \
+            copy_step(args, args->k_cache, block_table, pos, n, first, span, row_stride, kbuf);           \
             for (int64_t t = 0; t < n; t += 2)                                                           \
-                interleave_pair(vbuf + t * span, args->v_cache + KV_AT(pos + t, 0),                      \
-                                t + 1 < n ? args->v_cache + KV_AT(pos + t + 1, 0) : NULL, span);         \
+                interleave_pair(vbuf + t * span, args->v_cache + KV_AT(pos + t),                         \
+                                t + 1 < n ? args->v_cache + KV_AT(pos + t + 1) : NULL, span);            \
             for (int64_t kh = 0; kh < item.num_kv_heads; ++kh) {                                         \
                 const bf16 *kh_keys = kbuf + kh * head_dim, *kh_values = vbuf + 2 * kh * head_dim;      \
                 for (int64_t jq = 0; jq < item.num_queries; ++jq)                                        \
@@ -703,10 +694,11 @@ int paged_attention(const act_t *q, act_t *out, const kv_t *k_cache, const kv_t 
         }
     }
     const int64_t nv = head_dim / LANES;
-    /* Largest first, one at a time: the thread that takes the last item finishes soon after the other. Decode of 64
-     * sequences of 16-384 tokens (2-core AMD EPYC Zen 5, C harness): 0.484 -> 0.455 ms a layer from memory, 0.330 ->
-     * 0.317 from the L3, against sequence order handed out in fours; and in fours a step of one sequence, whose items
-     * are its kv heads, went to one thread. */
+    /* One at a time, largest first: the thread that takes the last item finishes soon after the other. Decode of 64
+     * sequences of 16-384 tokens (2-core AMD EPYC Zen 5, C harness): 0.484 -> 0.454 ms a layer from memory, 0.330 ->
+     * 0.311 from the L3, one at a time against sequence order handed out in fours (in fours, a step of one sequence,
+     * whose items are its kv heads, went to one thread). Largest first read the same there (0.455, 0.317); it is for
+     * steps that mix a prompt's tiles, each costlier than the last, with decodes. */
     if (num_items > 1) qsort(items, num_items, sizeof(WorkItem), larger_cost_first);
 #pragma omp parallel for schedule(dynamic, 1) num_threads(num_threads)
     for (int64_t i = 0; i < num_items; ++i) {
