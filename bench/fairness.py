@@ -9,7 +9,11 @@ One server (``python -m engine serve``, a child process, ``--max-num-seqs`` seat
   3. both tenants, Poisson arrivals, each request with its tenant's ``fairness_key`` (the gateway's keyed hash;
      here two fixed strings): the light tenant's TTFT against step 2 (target: p99 within 1.5x), the service each
      tenant got (weighted tokens, as the engine counts them, from ``/stats``), total output tok/s;
-  4. the same arrivals without keys (first come, first served): what fairness changed.
+  4. the same arrivals without keys (first come, first served): what fairness changed;
+  5. two keys of weights 1 and 2, both backlogged (each sends its requests at once, the second twice as many): the
+     service each got as the client saw it (prompt tokens at the first token, output tokens as they streamed, in
+     the engine's weights) against VTC's bound on the gap between backlogged keys, and their service ratio
+     (target 1:2).
 Each run also reports the engine's mean step time and output tokens per step (from ``/metrics``): the first is what
 one step of waiting costs, which the batch size and CPU contention move (``python -m bench.fairness_steps`` counts
 the waits in steps instead); the second is the throughput the schedule gives, which contention does not move (with
@@ -66,6 +70,91 @@ async def one(http: httpx.AsyncClient, ids: list[int], key: str | None) -> Reque
     end = time.perf_counter()
     tokens = usage["completion_tokens"] if usage else 0
     return RequestResult(tokens == OUTPUT_TOKENS, len(ids), tokens, (first or end) - started, end - started)
+
+
+async def traced(http: httpx.AsyncClient, ids: list[int], key: str, weight: float, started: float) -> dict:
+    """One streamed request of ``key`` at ``weight``: when each output token arrived (seconds since ``started``)."""
+    body = {"model": "bench", "prompt": ids, "max_tokens": OUTPUT_TOKENS, "temperature": 0, "ignore_eos": True,
+            "stream": True, "stream_options": {"include_usage": True}, "fairness_key": key, "fairness_weight": weight}
+    times, usage = [], None
+    async with http.stream("POST", "/v1/completions", json=body) as response:
+        if response.status_code != 200:
+            await response.aread()
+            return {"prompt_tokens": len(ids), "token_times": [], "ok": False}
+        async for line in response.aiter_lines():
+            if not line.startswith("data: {"):
+                continue
+            event = json.loads(line[6:])
+            if event["choices"] and event["choices"][0].get("text"):
+                times.append(time.perf_counter() - started)
+            usage = event.get("usage") or usage
+    tokens = usage["completion_tokens"] if usage else 0
+    # An event may carry more than one token (a multi-byte character held back): its last event counts the rest.
+    times += times[-1:] * max(0, tokens - len(times))
+    return {"prompt_tokens": len(ids), "token_times": times[:tokens], "ok": tokens == OUTPUT_TOKENS}
+
+
+def service_gap(traces: dict[str, list[dict]], weights: dict[str, float], grid_s: float = 0.05) -> dict:
+    """Each key's service as the client saw it, in the engine's weighted tokens over the key's weight (a prompt's
+    tokens at its first token, each output token as it arrived), sampled every ``grid_s`` while both keys were
+    backlogged: from the start until the first key whose last request got its first token (after that it has
+    nothing waiting). The gap of VTC's bound is the most the difference of the two keys' service grew or shrank
+    over any interval of that window: max(d) - min(d) for d(t) = service_a(t) - service_b(t)."""
+    from engine.fairness import OUTPUT_WEIGHT, PREFILL_WEIGHT
+
+    end = min(max(r["token_times"][0] for r in rs if r["token_times"]) for rs in traces.values())
+    events = {key: sorted([(r["token_times"][0], PREFILL_WEIGHT * r["prompt_tokens"] / weights[key])
+                           for r in rs if r["token_times"]]
+                          + [(t, OUTPUT_WEIGHT / weights[key]) for r in rs for t in r["token_times"]])
+              for key, rs in traces.items()}
+    (a, ev_a), (b, ev_b) = events.items()
+    gaps, served, i, j = [], {a: 0.0, b: 0.0}, 0, 0
+    for step in range(int(end / grid_s + 1e-6) + 1):  # the grid up to and with the end
+        t = step * grid_s
+        while i < len(ev_a) and ev_a[i][0] <= t:
+            served[a] += ev_a[i][1]
+            i += 1
+        while j < len(ev_b) and ev_b[j][0] <= t:
+            served[b] += ev_b[j][1]
+            j += 1
+        gaps.append(served[a] - served[b])
+    return {"window_s": end, "weighted_service": dict(served), "max_gap": max(gaps) - min(gaps),
+            "raw_service_ratio": (served[b] * weights[b]) / (served[a] * weights[a]) if served[a] else None}
+
+
+async def backlogged(url: str, capacity_req_s: float, seconds: float, max_num_seqs: int, seed: int) -> dict:
+    """Two keys, weights 1 and 2, both backlogged: each sends its requests at once, the weight-2 key twice as many
+    (about ``seconds`` of work in all). Their service (as the client saw it, :func:`service_gap`) against VTC's
+    bound on two backlogged keys, 2U / w_min (Sheng et al., Theorem 4.5 with weights) with U = max(w_p * the longest
+    prompt, w_q * the most tokens a batch holds), plus the engine's tie tolerance; and the most the engine's own
+    counters spread (``/stats``, sampled as it ran)."""
+    from engine.fairness import OUTPUT_WEIGHT, PREFILL_WEIGHT, TIE_TOLERANCE
+
+    weights = {"tenant-w1": 1.0, "tenant-w2": 2.0}
+    count = max(2 * max_num_seqs, round(capacity_req_s * seconds / 3))
+    rng = random.Random(seed)
+    plan = {key: [prompt(rng) for _ in range(round(count * weights[key]))] for key in weights}
+    headers = {"Authorization": f"Bearer {API_KEY}"}
+    limits = httpx.Limits(max_connections=sum(len(p) for p in plan.values()) + 8)
+    spreads = []
+    async with httpx.AsyncClient(base_url=url, headers=headers, timeout=1200, limits=limits) as http:
+        started = time.perf_counter()
+        tasks = {key: [asyncio.create_task(traced(http, ids, key, weights[key], started)) for ids in prompts]
+                 for key, prompts in plan.items()}
+        pending = [task for ts in tasks.values() for task in ts]
+        while not all(task.done() for task in pending):
+            fairness = (await http.get("/stats")).json().get("fairness") or {}
+            if fairness.get("backlogged_keys") == 2:
+                spreads.append(fairness["counter_spread"])
+            await asyncio.wait(pending, timeout=0.25)
+        traces = {key: [task.result() for task in ts] for key, ts in tasks.items()}
+    longest_prompt = max(len(ids) for prompts in plan.values() for ids in prompts)
+    u = max(PREFILL_WEIGHT * longest_prompt, OUTPUT_WEIGHT * max_num_seqs * (longest_prompt + OUTPUT_TOKENS))
+    bound = 2 * u / min(weights.values()) + TIE_TOLERANCE
+    gap = service_gap(traces, weights)
+    return {"weights": weights, "requests": {key: len(p) for key, p in plan.items()},
+            "failed": sum(not r["ok"] for rs in traces.values() for r in rs), **gap, "bound": bound,
+            "within_bound": gap["max_gap"] <= bound, "engine_counter_spread_max": max(spreads, default=None)}
 
 
 def arrivals(rate: float, seconds: float, seed: int) -> list[float]:
@@ -216,6 +305,11 @@ def main(argv: list[str] | None = None) -> int:
             for name in ("alone", "fcfs", "fair"):
                 if len(runs[name]) == repeat + 1:
                     print_run(f"{name} {repeat + 1}", runs[name][-1])
+        both = asyncio.run(backlogged(url, cap, seconds / 3, args.max_num_seqs, seed=13))
+        print(f"backlogged: weights 1:2 served 1:{both['raw_service_ratio']:.2f} over {both['window_s']:.1f} s; "
+              f"largest service gap {both['max_gap']:.0f} weighted tokens against VTC's bound {both['bound']:.0f}; "
+              f"engine counters spread at most {both['engine_counter_spread_max']}; failed {both['failed']}",
+              flush=True)
     finally:
         server.terminate()
         server.wait(timeout=60)
@@ -223,7 +317,7 @@ def main(argv: list[str] | None = None) -> int:
     alone, fair, fcfs = runs["alone"][0], runs["fair"][0], runs["fcfs"][0]
     report = {"cpu": os.cpu_count(), "model": model, "seconds": seconds, "max_num_seqs": args.max_num_seqs,
               "capacity_req_s": cap, "light_rate": light_rate, "repeats": args.repeats, "alone": alone, "fair": fair,
-              "fcfs": fcfs, "runs": runs, "light_ttft_pooled_ms": pooled, "ratios": ratios}
+              "fcfs": fcfs, "runs": runs, "backlogged": both, "light_ttft_pooled_ms": pooled, "ratios": ratios}
     path = RESULTS / f"fairness-{stamp}.json"
     path.write_text(json.dumps(report, indent=2))
     for name in ("alone", "fair", "fcfs"):

@@ -73,6 +73,7 @@ PREFILL_WEIGHT = 1.0  # VTC's w_p: a prompt token computed
 OUTPUT_WEIGHT = 2.0  # VTC's w_q: a generated token (a decode step costs more than a prompt token in a chunk)
 STEP_PREFILL_TOKENS = 128  # prompt tokens a step computes for crowding keys while keys compete
 CONTENTION_STEPS = 64  # steps that keys count as competing after the last one with two backlogged
+TIE_TOLERANCE = 256.0  # weighted tokens within which counters count as tied (about one prompt)
 MAX_IDLE_KEYS = 65_536  # counters of idle keys kept past this are dropped, least served first
 
 
@@ -126,7 +127,7 @@ class FairAdmission:
     the order it gives is regrouped by (priority, counter, weighted seats). See the module docstring."""
 
     def __init__(self, inner=None, *, preempt_threshold: float = 8192.0, min_run_steps: int = 16,
-                 tie_tolerance: float = 256.0, step_prefill_tokens: int | None = STEP_PREFILL_TOKENS,
+                 tie_tolerance: float = TIE_TOLERANCE, step_prefill_tokens: int | None = STEP_PREFILL_TOKENS,
                  contention_steps: int = CONTENTION_STEPS):
         self.inner = inner or FirstComeFirstServed()
         self.vtc = VirtualTokenCounter()

@@ -1,8 +1,9 @@
-"""``bench.fairness``'s pooling of repeated runs on made-up TTFTs (the benchmark itself runs in ``make bench``)."""
+"""``bench.fairness``'s pooling of repeated runs and its service gap of backlogged keys, on made-up data (the
+benchmark itself runs in ``make bench``)."""
 
 import pytest
 
-from bench.fairness import HEAVY, LIGHT, summarize
+from bench.fairness import HEAVY, LIGHT, service_gap, summarize
 from bench.serve import percentiles
 
 
@@ -31,3 +32,22 @@ def test_p99_is_taken_over_the_pooled_samples_and_each_repeat_keeps_its_own_rati
 def test_alone_and_keyed_runs_must_pair_by_repeat():
     with pytest.raises(ValueError):
         summarize({"alone": [run([1.0])], "fair": [run([1.0]), run([1.0])], "fcfs": [run([1.0])]})
+
+
+def trace(prompt_tokens: int, token_times: list[float]) -> dict:
+    return {"prompt_tokens": prompt_tokens, "token_times": token_times, "ok": True}
+
+
+def test_service_gap_counts_the_window_both_keys_had_requests_waiting():
+    # Key a (weight 1): a 10-token prompt answered at 0.1 s, two output tokens; its last request starts at 0.3 s.
+    # Key b (weight 2): its last request starts at 0.5 s, so the window ends at 0.3 s.
+    traces = {"a": [trace(10, [0.1, 0.2]), trace(10, [0.3])],
+              "b": [trace(20, [0.1, 0.3]), trace(40, [0.5, 0.6])]}
+    gap = service_gap(traces, {"a": 1.0, "b": 2.0}, grid_s=0.1)
+
+    assert gap["window_s"] == pytest.approx(0.3)
+    # a: 10 + 2 at 0.1, + 2 at 0.2, + 10 + 2 at 0.3 = 26; b: (20 + 2) / 2 at 0.1, + 2 / 2 at 0.3 = 12.
+    assert gap["weighted_service"] == pytest.approx({"a": 26.0, "b": 12.0})
+    # d(t) = a - b on the grid 0, 0.1, 0.2, 0.3: 0, 1, 3, 14: it grew by 14 at most.
+    assert gap["max_gap"] == pytest.approx(14.0)
+    assert gap["raw_service_ratio"] == pytest.approx(24.0 / 26.0)
