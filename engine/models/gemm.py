@@ -15,7 +15,8 @@ Paths, each in the model's dtype with fp32 accumulation:
     fetched while the one before is multiplied. On the Zen 5 VM, SmolLM2's layer projections at M = 64 with every
     layer's weights cycled (as a decode step reads them): 21.5 ms a step on ``onednn``, 16.0 here in bf16; 45.2 and
     34.2 in fp32;
-and, for quantized weights (``engine.models.quant``), ``w8a8``, ``w8a16`` and ``w4a16``, and ``dequantized`` (the
+and, for quantized weights (``engine.models.quant``), ``w8a8``, ``w8a8g`` (int8 activations in groups of 64, on
+``kernels/cpu/int8_gemm.c``), ``w8a16`` and ``w4a16``, and ``dequantized`` (the
 quantized values as a dense weight, on the packed kernel where it takes it, else oneDNN, for the bands where a step's
 many tokens make the GEMM compute-bound).
 Which one is faster depends on the CPU, the shape and the number of tokens M, so ``engine.models.gemm_choice``
@@ -96,6 +97,7 @@ PATHS = {
     "packed": GemmPath("packed", _packed_pack, _packed_run),
     "w8a8": GemmPath("w8a8", quant.w8a8_pack, quant.w8a8_run),
     "w8a16": GemmPath("w8a16", quant.w8a16_pack, quant.w8a16_run),
+    "w8a8g": GemmPath("w8a8g", quant.w8a8g_pack, quant.w8a8g_run),
     "w4a16": GemmPath("w4a16", quant.w4a16_pack, quant.w4a16_run),
     # the quantized weight's values in the activations' dtype, on the packed kernel (else oneDNN): the same numbers
     # as the weight-only kernels (int8 or int4 weights), at dense speed where many tokens make a step compute-bound;
