@@ -34,9 +34,10 @@ def load_model(
 ) -> LlamaForCausalLM:
     """A ready-to-run model on ``device`` in ``dtype``; every parameter must come from the checkpoint.
 
-    ``quantization="int8"``: every decoder projection's weight is quantized per output channel from the
-    checkpoint's values (not from their ``dtype`` rounding); embeddings, norms and the vocabulary projection stay
-    in ``dtype``. A GGUF folder's quantized tensors stay quantized whatever ``quantization`` says.
+    ``quantization="int8"``: every decoder projection's weight and the vocabulary projection's are quantized per
+    output channel from the checkpoint's values (not from their ``dtype`` rounding); embeddings (a tied one too:
+    the vocabulary projection then holds its own int8 copy) and norms stay in ``dtype``. A GGUF folder's quantized
+    tensors stay quantized whatever ``quantization`` says.
     ``group`` (a ``TensorParallelGroup``): only this rank's shard is read from the safetensors files; float weights
     only."""
     folder = Path(folder)
@@ -52,7 +53,7 @@ def load_model(
     _load_safetensors(folder, config, model)
     model.tie_lm_head()
     if quantization == "int8":
-        for projection in model.layers.modules():
+        for projection in [*model.layers.modules(), model.lm_head]:
             if isinstance(projection, Projection):
                 projection.quantize(quantize_int8(projection.weight))
     return model.to(dtype).eval()

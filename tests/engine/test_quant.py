@@ -15,6 +15,7 @@ from engine.models.linear import Projection
 from engine.models.loader import load_model
 from engine.models.quant import Int4Weight, quantize_int8
 from engine.models.quantize import write_gguf
+from kernels.cpu import int8_gemm
 from tests.engine.test_smollm2_bf16 import engine_model, logits_of
 
 GREEDY = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True)
@@ -47,8 +48,8 @@ def test_int8_paths_compute_f_linear_of_the_dequantized_weight(dtype, out_featur
     """w8a16: bf16 activations (an fp32 model's are rounded), exact products, fp32 sums, a rounding to bf16 before
     and after the bias (2^-7 and 0.01 allowed; the
     outputs are about 1 and the bias up to 4). w8a8 adds each token's activation
-    rounding to 8 bits: relative error of the output about 2^-8 per term, averaged over in_features terms; 2% of
-    the output's norm allowed."""
+    rounding to 8 bits (w8a8g each 64 inputs' of a token): relative error of the output about 2^-8 per term,
+    averaged over in_features terms; 2% of the output's norm allowed."""
     weight, g = _weight(out_features, in_features, out_features)
     q = quantize_int8(weight)
     bias = torch.randn(out_features, generator=g).to(dtype)
@@ -56,9 +57,10 @@ def test_int8_paths_compute_f_linear_of_the_dequantized_weight(dtype, out_featur
     # w8a8 where int8 dot products sum exactly; dequantized: the same values as a dense weight, where this CPU has a
     # dense kernel for the dtype (oneDNN's bf16 needs AVX-512; the packed kernel's AVX-512, and AVX512-BF16 for bf16)
     dense = bool({"onednn", "packed"} & set(available_paths("cpu", dtype)))
-    expected_paths = ("w8a16",) + (("w8a8",) if INT8_DOT else ()) + (("dequantized",) if dense else ())
+    expected_paths = (("w8a16",) + (("w8a8",) if INT8_DOT else ()) + (("w8a8g",) if int8_gemm.available() else ())
+                      + (("dequantized",) if dense else ()))
     assert available_paths("cpu", dtype, "int8") == expected_paths
-    for path in ("w8a16",) + (("w8a8",) if INT8_DOT else ()) + (("dequantized",) if dense else ()):
+    for path in expected_paths:
         kernel = LinearKernel(q, bias, [(1, path)])
         for m in (1, 7, 64, 300):
             x = torch.randn(m, in_features, generator=g).to(dtype)  # [M, in]
@@ -125,20 +127,20 @@ def test_quantization_is_validated():
 
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
-def test_an_int8_engine_quantizes_every_decoder_projection_and_generates_like_fp32(tiny_llama, dtype):
+def test_an_int8_engine_quantizes_every_projection_and_generates_like_fp32(tiny_llama, dtype):
     options = dict(dtype=dtype, num_kv_blocks=64, block_size=4)
     plain = LLM(str(tiny_llama), **options)
     int8 = LLM(str(tiny_llama), quantization="int8", **options)
     stats = int8.llm_engine.stats()["gemm"]
     assert stats["weights"] == {"q_proj+k_proj+v_proj": "int8", "o_proj": "int8", "gate_proj+up_proj": "int8",
-                                "down_proj": "int8", "lm_head": "dense"}
+                                "down_proj": "int8", "lm_head": "int8"}
     for name, bands in stats["bands"].items():  # the int8 values, by the weight-only kernel or densely; w8a8
-        allowed = ("w8a16", "dequantized") + (("w8a8",) if name == "gate_proj+up_proj" else ())  # for gate|up only
-        assert name == "lm_head" or all(band["path"] in allowed for band in bands), (name, bands)
+        allowed = ("w8a16", "w8a8g", "dequantized") + (("w8a8",) if name == "gate_proj+up_proj" else ())  # gate|up
+        assert all(band["path"] in allowed for band in bands), (name, bands)
     model = int8.llm_engine.model_runner.model
-    assert all(p.weight is None and p.quantized is not None for p in model.layers.modules()
+    assert all(p.weight is None and p.quantized is not None for p in [*model.layers.modules(), model.lm_head]
                if isinstance(p, Projection))
-    assert model.embed_tokens.dtype == getattr(torch, dtype)
+    assert model.embed_tokens.dtype == getattr(torch, dtype)  # the tied embedding itself stays a float table
     assert len(int8.generate(PROMPTS, GREEDY, use_tqdm=False)[1].outputs[0].token_ids) == GREEDY.max_tokens
     # Teacher-forced logits, not free-running tokens: a random tiny model is full of near-ties.
     sequence = [list(range(3, 40))]
