@@ -19,6 +19,10 @@
  * the 32 registers). Each thread takes a run of panels and, while it multiplies one by x's rows, fetches the next
  * into L2 (as packed_gemm.c does); rows go in chunks of CHUNK so a prefill's quantized x stays in L2 across panels.
  *
+ * On the 2-core Zen 4 VM (vpdpbusd peak measured at 930 GOP/s on both cores, vdpbf16ps at 468 GFLOP/s), SmolLM2's
+ * four layer projections with 30 layers' weights cycled: M = 64 in 20.2 ms (672 GOP/s) against 34.7 ms for the bf16
+ * `packed` path (392 GFLOP/s); M = 1 4.0 against 7.7 ms; M = 1024 719 GOP/s against 405.
+ *
  * K must be a multiple of 64 and N of 32, else the functions return -1 and the caller multiplies another way.
  */
 #include <omp.h>
@@ -88,6 +92,11 @@ static void quantize_row(const void *x, int bf16_x, int64_t k, int8_t *q, float 
     *corr = (float)(128.0 * total);
 }
 
+/* acc += w (unsigned bytes) . the 4 signed bytes at p, broadcast: vpdpbusd with its memory operand broadcast. In
+ * asm because GCC 12 copied every accumulator of the intrinsic's loop to another register and back at each step
+ * (24 moves per 12 vpdpbusd), and loaded each broadcast apart. */
+#define DPBUSD_BCAST(acc, w, p) __asm__("vpdpbusd %2%{1to16%}, %1, %0" : "+v"(acc) : "v"(w), "m"(*(p)))
+
 /* rows (<= ROWS) of quantized x times one panel into y (row stride n, bf16 or float32); lines [from, from + count)
  * of `next` (64 bytes each) fetched into L2 on the way. */
 #define KERNEL(R)                                                                                                  \
@@ -106,11 +115,9 @@ static void quantize_row(const void *x, int bf16_x, int64_t k, int8_t *q, float 
                 const __m512i w0 = _mm512_loadu_si512(wg + j * 4 * PANEL);                                         \
                 const __m512i w1 = _mm512_loadu_si512(wg + j * 4 * PANEL + 64);                                    \
                 for (int r = 0; r < R; ++r) {                                                                      \
-                    int32_t four;                                                                                  \
-                    memcpy(&four, xq + r * k + g * GROUP + 4 * j, sizeof four);                                    \
-                    const __m512i b = _mm512_set1_epi32(four);                                                     \
-                    dot[r][0] = _mm512_dpbusd_epi32(dot[r][0], w0, b);                                             \
-                    dot[r][1] = _mm512_dpbusd_epi32(dot[r][1], w1, b);                                             \
+                    const int32_t *four = (const int32_t *)(xq + r * k + g * GROUP + 4 * j);                       \
+                    DPBUSD_BCAST(dot[r][0], w0, four);                                                             \
+                    DPBUSD_BCAST(dot[r][1], w1, four);                                                             \
                 }                                                                                                  \
             }                                                                                                      \
             for (int r = 0; r < R; ++r) {                                                                          \
