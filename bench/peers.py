@@ -18,7 +18,8 @@ type), every system given every core of this machine:
   * streams: one stream, then four, over ``/v1/completions`` (token-id prompts, streamed): TTFT and TPOT p50 of
     ``python -m engine serve``, ``vllm serve`` (both cores) and ``llama-server`` (4 slots).
 This engine's offline and streams runs come twice per dtype: as they are, and with ``quantization="int8"`` (its
-weights int8 per output channel, activations in the dtype: ``engine.models.quant``), its fastest mode, which the
+weights int8 per output channel; on CPUs with VNNI its activations int8 too, a scale per 64 inputs of a token:
+``engine.models.quant``), its fastest mode, which the
 "best against best" ratio compares with vLLM's fastest offline run.
 Each run has a time limit; a peer that fails to install or run is a result with its error's tail, never dropped.
 Time: the installs once (vLLM about 3 minutes, the llama.cpp build 10-20); then mostly vLLM's start-ups (its
