@@ -1,5 +1,6 @@
 """The int8 GEMM of ``int8_gemm.c`` (an int8 weight per output channel against activations quantized at every call
-in groups of 64 inputs per token, int32 dot products on AVX512-VNNI), for the GEMM choice's ``w8a8g`` path
+in groups of 64 inputs per token, int32 dot products on AVX512-VNNI, on AMX-INT8 tiles from 16 rows where the CPU has
+them), for the GEMM choice's ``w8a8g`` path
 (``engine.models.quant``). ``pack`` returns None where the kernel does not apply (no build, no such CPU, N not a
 multiple of 32, K not of 64) and ``int8_gemm`` None for an x it does not take: the caller multiplies another way."""
 
@@ -20,6 +21,7 @@ def _library():
     library = native.load("int8_gemm")
     if library is not None and not getattr(library, "_typed", False):
         library.int8_gemm_available.restype = ctypes.c_int
+        library.int8_gemm_amx.restype = ctypes.c_int
         library.int8_gemm_pack.restype = ctypes.c_int
         library.int8_gemm_pack.argtypes = [_P, _I, _I, _P]
         library.int8_gemm.restype = ctypes.c_int
@@ -33,6 +35,12 @@ def available() -> bool:
     """Whether this machine's build has the kernel (a C compiler and a CPU with AVX512-VNNI and AVX512-BW)."""
     library = _library()
     return library is not None and library.int8_gemm_available() == 1
+
+
+@cache
+def amx() -> bool:
+    """Whether calls of 16 rows and more run on AMX-INT8 tiles (the build has them and the OS grants the state)."""
+    return available() and _library().int8_gemm_amx() == 1
 
 
 @dataclass(frozen=True, slots=True)

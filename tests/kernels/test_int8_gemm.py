@@ -1,6 +1,7 @@
 """The int8 GEMM of kernels/cpu/int8_gemm.c (the GEMM choice's ``w8a8g`` path): against the same quantization done
-in torch in float64 (``int8_gemm.reference``), every row count around the 6-row microkernel and the 192-row
-chunks, SmolLM2's shapes, bf16 and float32 activations, a bias, outlier channels, zero rows, and what it declines."""
+in torch in float64 (``int8_gemm.reference``), every row count around the 6-row microkernel, AMX's 16-row tiles
+and the 192-row chunks, SmolLM2's shapes, bf16 and float32 activations, a bias, outlier channels, zero rows, and
+what it declines."""
 
 import pytest
 import torch
@@ -12,7 +13,8 @@ from kernels.cpu import int8_gemm
 
 HAS_VNNI = {"avx512_vnni", "avx512bw"} <= cpu_info().flags
 needs_vnni = pytest.mark.skipif(not HAS_VNNI, reason="the kernel needs AVX512-VNNI; other CPUs never offer the path")
-ROW_COUNTS = [1, 2, 3, 5, 6, 7, 12, 13, 64, 191, 193, 400]  # remainders of the 6-row kernel and the 192-row chunk
+# remainders of the 6-row kernel, of AMX's 16-row tiles (from 16 rows on) and of the 192-row chunk
+ROW_COUNTS = [1, 2, 3, 5, 6, 7, 12, 13, 15, 16, 17, 33, 64, 191, 193, 400]
 
 
 def operands(m: int, n: int, k: int, dtype: torch.dtype, bias: bool, seed: int = 0):
@@ -58,6 +60,22 @@ def test_matches_the_same_quantization_in_float64(dtype, m, n, k, bias):
     assert bool(((y.double() - expected).abs() <= atol + rtol * expected.abs() + 2 * step[:, None]).all())
     # each row on its own: the chunks and row blocks change nothing
     assert torch.equal(int8_gemm.int8_gemm(x[-1:].clone(), int8_gemm.pack(weight.qweight, weight.scales), b), y[-1:])
+
+
+def test_amx_tiles_only_where_the_cpu_has_them():
+    assert int8_gemm.amx() <= ({"amx_tile", "amx_int8"} <= cpu_info().flags and HAS_VNNI)
+
+
+@needs_vnni
+@pytest.mark.parametrize("m", [16, 40, 200])
+def test_row_counts_that_take_tiles_give_the_vector_kernels_numbers(m):
+    """From 16 rows on a call runs on AMX tiles where the CPU has them; fewer rows take vpdpbusd. Both sum each
+    group exactly in int32 and fold the groups in the same float32 order, so 8 rows at a time give the same bits."""
+    x, weight, b = operands(m, 576, 1536, torch.bfloat16, True, seed=m)
+    packed = int8_gemm.pack(weight.qweight, weight.scales)
+    whole = int8_gemm.int8_gemm(x, packed, b)
+    pieces = torch.cat([int8_gemm.int8_gemm(x[i:i + 8].clone(), packed, b) for i in range(0, m, 8)])
+    assert torch.equal(whole, pieces)
 
 
 @needs_vnni
