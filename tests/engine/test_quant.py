@@ -56,9 +56,11 @@ def test_int8_paths_compute_f_linear_of_the_dequantized_weight(dtype, out_featur
     reference = q.dequantize()
     # w8a8 where int8 dot products sum exactly; dequantized: the same values as a dense weight, where this CPU has a
     # dense kernel for the dtype (oneDNN's bf16 needs AVX-512; the packed kernel's AVX-512, and AVX512-BF16 for bf16)
-    dense = bool({"onednn", "packed"} & set(available_paths("cpu", dtype)))
+    # (dequantized_onednn: always oneDNN, offered where both kernels are, so the GEMM choice may take either)
+    dense_paths = set(available_paths("cpu", dtype))
     expected_paths = (("w8a16",) + (("w8a8",) if INT8_DOT else ()) + (("w8a8g",) if int8_gemm.available() else ())
-                      + (("dequantized",) if dense else ()))
+                      + (("dequantized",) if {"onednn", "packed"} & dense_paths else ())
+                      + (("dequantized_onednn",) if {"onednn", "packed"} <= dense_paths else ()))
     assert available_paths("cpu", dtype, "int8") == expected_paths
     for path in expected_paths:
         kernel = LinearKernel(q, bias, [(1, path)])
@@ -67,7 +69,7 @@ def test_int8_paths_compute_f_linear_of_the_dequantized_weight(dtype, out_featur
             expected = F.linear(x.float(), reference, bias.float())
             got = kernel(x)
             assert got.dtype == dtype and got.shape == (m, out_features)
-            if path == "dequantized":  # the dequantized values in x's dtype, products summed by a dense kernel
+            if path.startswith("dequantized"):  # the dequantized values in x's dtype, products summed by a dense kernel
                 dense = reference.to(dtype).float()
                 expected = F.linear(x.float(), dense, bias.float())
                 tolerance = (1e-4, 1e-4) if dtype == torch.float32 else (2**-7, 3e-2)
@@ -135,7 +137,8 @@ def test_an_int8_engine_quantizes_every_projection_and_generates_like_fp32(tiny_
     assert stats["weights"] == {"q_proj+k_proj+v_proj": "int8", "o_proj": "int8", "gate_proj+up_proj": "int8",
                                 "down_proj": "int8", "lm_head": "int8"}
     for name, bands in stats["bands"].items():  # the int8 values, by the weight-only kernel or densely; w8a8
-        allowed = ("w8a16", "w8a8g", "dequantized") + (("w8a8",) if name == "gate_proj+up_proj" else ())  # gate|up
+        allowed = ("w8a16", "w8a8g", "dequantized", "dequantized_onednn")
+        allowed += ("w8a8",) if name == "gate_proj+up_proj" else ()  # gate|up only
         assert all(band["path"] in allowed for band in bands), (name, bands)
     model = int8.llm_engine.model_runner.model
     assert all(p.weight is None and p.quantized is not None for p in [*model.layers.modules(), model.lm_head]
