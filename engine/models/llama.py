@@ -24,7 +24,7 @@ from engine.batch_metadata import BatchMetadata
 from engine.config import ModelConfig
 from engine.models.linear import LoRAWeights, Projection, ProjectionShard
 from engine.models.rotary import RotaryEmbedding, apply_rotary
-from kernels.cpu import rms_norm, rotary_kv
+from kernels.cpu import rms_norm, rotary_kv, silu_mul
 
 
 class RMSNorm(nn.Module):
@@ -109,8 +109,13 @@ class MLP(nn.Module):
         self.size = size
 
     def forward(self, x: torch.Tensor, batch: BatchMetadata | None = None) -> torch.Tensor:  # [T, hidden]
-        gate, up = self.gate_up_proj.forward(x, batch).split(self.size, dim=-1)  # 2 x [T, intermediate]
-        return self.down_proj.forward(F.silu(gate) * up, batch)
+        gate_up = self.gate_up_proj.forward(x, batch)  # [T, 2 x intermediate]
+        # On CPU one C call with torch's roundings (kernels.cpu.silu_mul; None where it does not apply: torch's ops)
+        hidden = silu_mul.silu_mul(gate_up)
+        if hidden is None:
+            gate, up = gate_up.split(self.size, dim=-1)
+            hidden = F.silu(gate) * up
+        return self.down_proj.forward(hidden, batch)
 
 
 class DecoderLayer(nn.Module):

@@ -1,8 +1,8 @@
 /* RMSNorm in bfloat16 or float32 (act_t, vec8.h), with the residual add before it, in one C call instead of the half
  * dozen torch ops it is made of: at a decode batch each torch op costs tens of microseconds of dispatch and thread
  * wake-up for a few microseconds of arithmetic (RMSNorm took 0.2 ms a call on 64 tokens of SmolLM2 in bfloat16, 6%
- * of a step; this takes 14-20 us; measured on a 2-core AMD EPYC VM). SiLU-and-multiply was tried here too and lost
- * to torch's from 16 tokens up: its exp is most of its work, and torch's vectorized one is as fast.
+ * of a step; this takes 14-20 us; measured on a 2-core AMD EPYC VM). SiLU-and-multiply on 8 lanes was tried here
+ * too and lost to torch's from 16 tokens up (its exp is most of its work): silu_mul.c takes 16 lanes on AVX-512.
  *
  * In bfloat16, the same roundings as torch's ops, in the same places (values widen to float32 exactly, the add
  * rounds, then x * rstd * w rounds once), so the result differs from torch's only where the float32 sum of squares,
@@ -18,13 +18,6 @@
 
 #include "vec8.h"
 
-#ifdef ACT_BF16
-#define TO_FLOAT bf16_to_float
-#define FROM_FLOAT float_to_bf16
-#else
-static inline float TO_FLOAT(float x) { return x; }
-static inline float FROM_FLOAT(float x) { return x; }
-#endif
 
 /* The fewest elements worth a second thread (its wake-up costs ~10 us). */
 #define PARALLEL_ELEMENTS (1 << 16)
@@ -35,20 +28,20 @@ static void norm_row(act_t *x, const act_t *delta, const act_t *weight, act_t *o
     if (delta != NULL) {
 #pragma omp simd
         for (int64_t i = 0; i < hidden; ++i)
-            x[i] = FROM_FLOAT(TO_FLOAT(x[i]) + TO_FLOAT(delta[i]));
+            x[i] = float_to_act(act_to_float(x[i]) + act_to_float(delta[i]));
     }
     /* One loop for both cases, so a row's sum is taken in one order whether or not it was added to here (with the
      * add fused in, the compiler vectorized the two loops differently on AVX2 and the sums differed). */
     float squares = 0.0f;
 #pragma omp simd reduction(+ : squares)
     for (int64_t i = 0; i < hidden; ++i) {
-        const float v = TO_FLOAT(x[i]);
+        const float v = act_to_float(x[i]);
         squares += v * v;
     }
     const float rstd = 1.0f / sqrtf(squares / (float)hidden + eps);
 #pragma omp simd
     for (int64_t i = 0; i < hidden; ++i)
-        out[i] = FROM_FLOAT(TO_FLOAT(x[i]) * rstd * TO_FLOAT(weight[i]));
+        out[i] = float_to_act(act_to_float(x[i]) * rstd * act_to_float(weight[i]));
 }
 
 /* out[r] = rms_norm(x[r]) for rows of `hidden` contiguous values; with delta (may be NULL) x[r] += delta[r]

@@ -101,10 +101,14 @@ static inline __m512 hsum16(const __m512 a[16]) {
 typedef bf16 act_t;
 #define load_act load_bf16
 #define store_act store_bf16
+#define act_to_float bf16_to_float
+#define float_to_act float_to_bf16
 #else
 typedef float act_t;
 #define load_act load
 #define store_act store
+static inline float act_to_float(float x) { return x; }
+static inline float float_to_act(float x) { return x; }
 #endif
 
 #ifdef KV_BF16
