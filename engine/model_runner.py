@@ -16,7 +16,7 @@ import torch
 
 from engine.batch_metadata import BatchMetadata
 from engine.config import EngineConfig, ModelConfig, parse_memory
-from engine.host_memory import keep_freed_memory
+from engine.host_memory import keep_freed_memory, zeroed
 from engine.models.gemm_choice import choose_gemm
 from engine.models.loader import load_model
 from engine.sampler import Sampler, SamplerOutput
@@ -70,7 +70,9 @@ class ModelRunner:
             self.num_blocks = parallel.min_over_ranks(self.num_blocks)
         shape = (2, model_config.num_layers, self.num_blocks, self.block_size, self.num_kv_heads,
                  model_config.head_dim)
-        self.kv_cache = torch.zeros(shape, dtype=self.kv_cache_dtype, device=self.device)  # [2, L, blocks, bs, Hkv, D]
+        # [2, L, blocks, bs, Hkv, D]; on CPU zeroed pages, faulted in as blocks are first written (host_memory)
+        self.kv_cache = (zeroed(shape, self.kv_cache_dtype) if self.device.type == "cpu"
+                         else torch.zeros(shape, dtype=self.kv_cache_dtype, device=self.device))
         self.model.bind_kv_cache(list(self.kv_cache[0]), list(self.kv_cache[1]))
         generator = torch.Generator(device=self.device)
         generator.manual_seed(config.seed)
