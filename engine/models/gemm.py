@@ -55,22 +55,27 @@ def _dequantized_pack(weight) -> dict:  # a quant.Int8Weight/Int4Weight; its den
     return {"weight": weight, "by_dtype": {}}
 
 
+def _dense_copy(operand: dict, dtype: torch.dtype, make: Callable) -> tuple[Callable, object]:
+    """The quantized values in ``dtype`` as ``make`` lays them out ((run, operand)), made on first use per dtype."""
+    dense = operand["by_dtype"].get(dtype)
+    if dense is None:
+        dense = operand["by_dtype"][dtype] = make(operand["weight"].dequantize().to(dtype))
+    return dense
+
+
+def _packed_else_onednn(weight: torch.Tensor) -> tuple[Callable, object]:
+    packed = packed_gemm.pack(weight)  # the packed kernel's panels where it takes the weight
+    return (_packed_run, (packed, None)) if packed is not None else (_onednn_run, _onednn_pack(weight))
+
+
 def _dequantized_run(x: torch.Tensor, operand: dict, bias: torch.Tensor | None) -> torch.Tensor:
-    dense = operand["by_dtype"].get(x.dtype)
-    if dense is None:  # the packed kernel's panels where it takes the weight, else oneDNN's blocked layout
-        weight = operand["weight"].dequantize().to(x.dtype)
-        packed = packed_gemm.pack(weight)
-        dense = operand["by_dtype"][x.dtype] = (
-            (_packed_run, (packed, None)) if packed is not None else (_onednn_run, _onednn_pack(weight)))
-    run, dense_operand = dense
-    return run(x, dense_operand, bias)
+    run, dense = _dense_copy(operand, x.dtype, _packed_else_onednn)
+    return run(x, dense, bias)
 
 
 def _dequantized_onednn_run(x: torch.Tensor, operand: dict, bias: torch.Tensor | None) -> torch.Tensor:
-    dense = operand["by_dtype"].get(x.dtype)
-    if dense is None:  # oneDNN's blocked layout of the quantized values, made on first use
-        dense = operand["by_dtype"][x.dtype] = _onednn_pack(operand["weight"].dequantize().to(x.dtype))
-    return _onednn_run(x, dense, bias)
+    run, dense = _dense_copy(operand, x.dtype, lambda weight: (_onednn_run, _onednn_pack(weight)))
+    return run(x, dense, bias)
 
 
 def _packed_pack(weight: torch.Tensor) -> tuple[packed_gemm.PackedWeight | None, torch.Tensor | None]:

@@ -165,6 +165,9 @@ typedef void (*Kernel)(const int8_t *, const float *, const float *, int64_t, co
                        const float *, void *, int, int64_t, const char *, int64_t, int64_t);
 static const Kernel kernels[ROWS + 1] = {NULL, kernel_1, kernel_2, kernel_3, kernel_4, kernel_5, kernel_6};
 
+#define AMX_TILE_ROWS 16
+#define AMX_MIN_ROWS 16 /* fewer rows than this stay on the vpdpbusd kernel (a tile's 16 rows would be mostly pad) */
+
 #if defined(__AMX_TILE__) && defined(__AMX_INT8__) && defined(__linux__)
 /* AMX-INT8: tdpbsud multiplies a tile of 16 rows x 64 signed bytes (A: 16 rows of x, one group) by one of 16 x 64
  * unsigned bytes (B: a group's 16 four-input rows of 16 columns, which is the panel layout read with a stride of
@@ -172,8 +175,6 @@ static const Kernel kernels[ROWS + 1] = {NULL, kernel_1, kernel_2, kernel_3, ker
  * (tilestored) and are folded into float32 sums with the rows' group scales, as the vpdpbusd kernel does in
  * registers. Tiles: a group's sums in two (the panel's two halves of 16 columns), its rows of x in one (A), the
  * panel's in two (B); even and odd groups take different sums and A tiles (amx_block). */
-#define AMX_TILE_ROWS 16
-#define AMX_MIN_ROWS 16 /* fewer rows than this stay on the vpdpbusd kernel (a tile's 16 rows would be mostly pad) */
 
 #include "amx.h"
 
@@ -258,8 +259,6 @@ static void amx_block(const int8_t *xq, const float *xs, const float *corr, int6
     }
 }
 #else
-#define AMX_TILE_ROWS 16
-#define AMX_MIN_ROWS 16
 static int amx_usable(void) { return 0; }
 static void amx_configure(void) {}
 static void amx_release(void) {}

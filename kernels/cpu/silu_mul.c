@@ -1,8 +1,8 @@
 /* SiLU-and-multiply, the gated MLP's activation: out[r] = silu(gate_up[r][:I]) * gate_up[r][I:], in bfloat16 or
  * float32 (act_t, vec8.h), one C call on the gate|up projection's output instead of torch's silu on a strided half
  * and a multiply. On the 2-core Sapphire Rapids class VM (2026-12-05) torch's two ops took 82 us on SmolLM2's 64
- * decode tokens ([64, 2 x 1536] bf16) and 2.0 ms on a 2048-token prefill chunk: 30 layers a step, 4% of a decode
- * step; this takes 41 us and 1.04 ms. (On an AMD EPYC VM an 8-lane version of this lost to torch from 16 tokens up:
+ * decode tokens ([64, 2 x 1536] bf16) and 1.7-2.0 ms on a 2048-token prefill chunk: 30 layers a step, 4% of a decode
+ * step; this takes 41 us and 1.0 ms. (On an AMD EPYC VM an 8-lane version of this lost to torch from 16 tokens up:
  * the exp is most of the work. This one runs on CPUs with AVX-512 only, 16 lanes, x / d as x times a refined
  * reciprocal: vdivps alone is a 16-cycle instruction.)
  *
@@ -15,14 +15,13 @@
  */
 #include <math.h>
 #include <stdint.h>
-#include <string.h>
 
 #include "vec8.h"
-
 
 /* The fewest elements worth a second thread (its wake-up costs ~10 us). */
 #define PARALLEL_ELEMENTS (1 << 15)
 
+#if defined(__AVX512F__) && defined(__AVX512BW__)
 /* The scalar tail of a row (its last size % 16 values): libm's exp. */
 static inline float silu_mul_one(act_t g, act_t u) {
     const float x = act_to_float(g);
@@ -31,7 +30,6 @@ static inline float silu_mul_one(act_t g, act_t u) {
     return act_to_float(u) * act_to_float(float_to_act(silu));
 }
 
-#if defined(__AVX512F__) && defined(__AVX512BW__)
 /* The same polynomial on 16 lanes. */
 static inline __m512 exp16(__m512 x) {
     x = _mm512_min_ps(_mm512_max_ps(x, _mm512_set1_ps(-87.0f)), _mm512_set1_ps(88.0f));
