@@ -9,10 +9,14 @@ re-planning). Which path runs:
   four tokens of one slot a work item, each row of A or B they read loaded once for all of them, each h or y row
   written once. A decode step's LoRA is a few MFLOP per projection, and torch pays tens of microseconds per op
   around such small products: with 8 adapters at rank 16 on SmolLM2-135M (``bench.multi_lora --quick``), the LoRA
-  ops of a 62-token decode step took about 60 ms in torch and 32 ms with the C loop. In bfloat16 the paths below
-  convert every slice to float32 first, and lost to the C loop at every batch size (q|k|v's shrink and expand, 8
-  slots, Zen 4 VM: 70 against 941 us at 64 tokens, 1638 against 3000 at 2048); in float32 torch's GEMMs win from
-  about 2048 tokens (1565 against 1902 us).
+  ops of a 62-token decode step took about 60 ms in torch and 32 ms with the C loop. On CPUs with AMX-BF16, a bf16
+  call's slots with many tokens run on tiles (the shrink from 16 tokens of a slot, the expand from 4): each such
+  slot's A or B is packed once a call into the tiles' pair layout and serves all its tokens (gate|up, 8 slots, 2-core
+  Sapphire Rapids VM: shrink at 2048 tokens 52 against 379 us, at 256 20 against 49; expand at 2048 586 against
+  2639 us, at 64 48 against 90); h keeps float32 accuracy in the expand as a bf16 high and low part. In bfloat16
+  the paths below convert every slice to float32 first, and lost to the C loop at every batch size (q|k|v's shrink
+  and expand, 8 slots, Zen 4 VM: 70 against 941 us at 64 tokens, 1638 against 3000 at 2048); in float32 torch's
+  GEMMs win from about 2048 tokens (1565 against 1902 us).
 * **padded** (the same small batches when the C loop does not apply: float16, odd ranks, no compiler): every slot
   from the lowest to the highest one in use is a group of ``L`` rows (``L`` = the most tokens any slot has), the
   tokens gathered into them once, padding rows repeating a real row with a zero scale. Each op is one ``bmm``

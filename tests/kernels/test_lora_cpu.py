@@ -325,6 +325,66 @@ def test_bf16_dot_products_where_the_cpu_has_them(cpu_path):
     assert library.lora_bf16_dots() == int("avx512_bf16" in cpu_info().flags)
 
 
+def test_amx_tiles_where_the_cpu_has_them(cpu_path):
+    """On a CPU with AMX-BF16 (and AVX512-BF16) the bf16 build runs slots with many tokens on tiles; the tests below
+    then test that path against the reference, elsewhere the vector loops."""
+    library = native.load("lora", ("ACT_BF16",))
+    if cpu_path == "torch":
+        assert library is None
+        return
+    flags = cpu_info().flags
+    assert library.lora_amx() == int({"amx_bf16", "amx_tile", "avx512_bf16"} <= set(flags))
+
+
+# Runs of one slot around the C loop's thresholds (kernels/cpu/lora.c: the shrink takes tiles from 16 tokens of a
+# slot, the expand from 4; units of 64 tokens, tiles of 16), so each path and each partial tile is exercised.
+RUN_LENGTHS = [1, 3, 4, 5, 15, 16, 17, 33, 64, 65, 130]
+
+
+@pytest.mark.parametrize("parts,in_features", [((576, 192, 192), 576), ((1536, 1536), 576), ((576,), 1536),
+                                               ((48,), 576)])
+@pytest.mark.parametrize("max_rank", [16, 32, 64])
+@pytest.mark.parametrize("order", ["identity", "interleaved"])
+def test_bf16_runs_of_every_length_match_fp32_math_on_the_same_values(parts, in_features, max_rank, order,
+                                                                      cpu_path):
+    """bf16 x, A and B, fused parts, every run length: h equals fp32 math on the same bf16 values within 1e-5 of its
+    largest entry (bf16 products are exact in fp32, only the order of the sums differs), and y is that fp32 delta
+    added to y and rounded once (within one bf16 rounding, 2^-8, of |y|, plus 1e-5 of the largest delta; torch's
+    path rounds the delta first: two roundings of |y| + |delta|). Rows in slot order are read in place; interleaved
+    ones are gathered."""
+    g = torch.Generator().manual_seed(max_rank + in_features)
+    num_slots, num_parts = len(RUN_LENGTHS), len(parts)
+    ranks = [max_rank if i % 3 else max(1, max_rank // 2) for i in range(num_slots)]
+    lora_a = torch.zeros(num_slots, num_parts * max_rank, in_features)
+    lora_b = torch.zeros(num_slots, sum(parts), max_rank)
+    for slot, rank in enumerate(ranks):
+        for part in range(num_parts):
+            lora_a[slot, part * max_rank: part * max_rank + rank] = torch.randn(rank, in_features, generator=g) / 24
+        lora_b[slot, :, :rank] = torch.randn(sum(parts), rank, generator=g) * 0.1
+    lora_a, lora_b = lora_a.bfloat16(), lora_b.bfloat16()
+    scales = torch.rand(num_slots, generator=g) + 0.5
+    token_slots = torch.cat([torch.full((n,), slot, dtype=torch.int32) for slot, n in enumerate(RUN_LENGTHS)])
+    if order == "interleaved":
+        token_slots = token_slots[torch.randperm(token_slots.shape[0], generator=g)]
+    num_tokens = token_slots.shape[0]
+    x = torch.randn(num_tokens, in_features, generator=g).bfloat16()
+    y0 = torch.randn(num_tokens, sum(parts), generator=g).bfloat16()
+    h = cpu.lora_shrink(x, lora_a, token_slots, num_slices=num_parts)
+    h_same = reference.lora_shrink(x.float(), lora_a.float(), token_slots, num_slices=num_parts)
+    assert (h - h_same).abs().max() <= 1e-5 * h_same.abs().max()
+    y = y0.clone()
+    slices = parts if num_parts > 1 else None
+    cpu.lora_expand(y, h_same, lora_b, token_slots, scales, slices=slices)
+    y_same = y0.float()
+    reference.lora_expand(y_same, h_same, lora_b.float(), token_slots, scales, slices=slices)
+    delta = y_same - y0.float()
+    if cpu_path == "native":
+        bound = 2**-8 * y_same.abs() + 1e-5 * delta.abs().max()
+    else:
+        bound = 2**-7 * (y0.float().abs() + delta.abs())
+    assert bool(((y.float() - y_same).abs() <= bound).all())
+
+
 def test_shapes_that_do_not_fit_are_refused_before_the_c_loop():
     lora_a, lora_b, scales = make_buffers(576, 192, [16] * NUM_SLOTS, 16)
     token_slots = slots_for(8, seed=1, order="identity")
