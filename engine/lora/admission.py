@@ -10,7 +10,9 @@ Rules:
 * bounded waiting: a sequence queued more than ``max_wait_steps`` steps ago is *overdue*; overdue sequences go
   first, oldest first, and if the oldest overdue one is blocked for want of a slot, the pinned adapter with the
   fewest running sequences is drained (no new sequence of it is admitted) until its slot can be given away.
-  Other adapters keep running meanwhile, so the batch stays full while one slot is being freed.
+  Other adapters keep running meanwhile, so the batch stays full while one slot is being freed. An adapter with
+  overdue sequences of its own waiting (its group split over steps by the token budget) is drained only when every
+  pinned adapter has some: draining it would leave them for a slot of their own later, a whole extra turn of a slot.
 * an adapter takes a slot as a group: its waiting sequences are ordered together (at the place of its oldest),
   and it takes a slot only when the batch has seats for ``min(its waiting sequences, max_num_seqs // max_loras)``
   of them. A slot is held until the adapter's last sequence finishes, so a slot taken for the few sequences that
@@ -35,6 +37,7 @@ class AdapterAdmission(FirstComeFirstServed):
         self.seat_share = max(1, max_num_seqs // slot_cache.num_slots)  # seats a slot's group asks for, at most
         self.drained: AdapterId | None = None  # the adapter whose slot is being freed for an overdue sequence
         self._waiting: dict[AdapterId, int] = {}  # admissible waiting sequences per adapter (this step's order)
+        self._overdue: set[AdapterId] = set()  # adapters with an overdue waiting sequence (this step's order)
 
     def order(self, waiting: Iterable[Sequence], step: int) -> list[Sequence]:
         """The waiting sequences that may be admitted this step, in the order to try them; starts missing loads."""
@@ -42,7 +45,7 @@ class AdapterAdmission(FirstComeFirstServed):
         tiers: list[tuple[int, int, int, Sequence]] = []
         states: dict[AdapterId, int | None] = {}  # adapter -> tier; None: not admissible now
         first: dict[tuple[int, AdapterId], int] = {}  # (tier, adapter needing a slot) -> its oldest arrival
-        self._waiting = {}
+        self._waiting, self._overdue = {}, set()
         for seq in waiting:
             group = seq.arrival_index
             if seq.lora_request is None:
@@ -57,6 +60,8 @@ class AdapterAdmission(FirstComeFirstServed):
                 self._waiting[adapter_id] = self._waiting.get(adapter_id, 0) + 1
             if step - seq.arrival_step > self.max_wait_steps:
                 tier = _OVERDUE
+                if seq.lora_request is not None:
+                    self._overdue.add(seq.lora_request.id)
             if seq.lora_request is not None and states[seq.lora_request.id] == _NEEDS_SLOT:
                 group = first.setdefault((tier, seq.lora_request.id), seq.arrival_index)  # waiting is FCFS
             tiers.append((tier, group, seq.arrival_index, seq))
@@ -92,8 +97,12 @@ class AdapterAdmission(FirstComeFirstServed):
             return Decision.STOP if overdue else Decision.SKIP
         if self.drained is None and overdue:
             pins = self.slot_cache.pin_counts()
-            if pins:  # the least used adapter frees its slot soonest
-                self.drained = min(pins, key=pins.__getitem__)
+            # The least used adapter frees its slot soonest, but not one with overdue sequences of its own waiting (a
+            # group the token budget split over steps): drained, they would wait until its slot is free and then take
+            # a slot again, a whole extra turn of a slot for a few sequences, as overdue as this one.
+            candidates = {a: n for a, n in pins.items() if a not in self._overdue} or pins
+            if candidates:
+                self.drained = min(candidates, key=candidates.__getitem__)
         return Decision.SKIP
 
     def prepare(self, seq: Sequence) -> None:

@@ -150,6 +150,35 @@ def test_resident_adapters_go_first_until_a_passed_over_request_is_due(model_dir
     assert engine.stats()["adapters"]["evictions"] == 2  # a -> b -> a
 
 
+def test_a_group_split_by_the_token_budget_is_not_drained_of_its_overdue_rest(model_dir, adapters, tmp_path):
+    """Adapter a's three requests are admitted over steps (a budget of one prompt a step beside d's decodes); b1,
+    older than a3 and needing a slot, is overdue when both slots are pinned (d by three, a by two). The least used
+    adapter is a, but its own overdue a3 waits: d is drained instead and a3 joins a1 and a2. Drained, a would have
+    left a3 for a slot of its own after b1 (a whole extra turn of a slot for one request)."""
+    d = lora_request("d", make_adapters(model_dir, tmp_path, {"d": dict(rank=4, alpha=8,
+                                                                        target_modules=["q_proj"])})["d"])
+    a, b = lora_request("a", adapters["a"]), lora_request("b", adapters["b"])
+    engine = make_llm(model_dir, max_loras=2, max_adapter_wait_steps=1, max_num_batched_tokens=12).llm_engine
+    for request in (a, b, d):
+        wait_loaded(engine, engine.load_adapter(request))
+    prompts = prompts_of_lengths([9] * 7)  # each its own: no prefix-cache hit shortens a prompt's chunk
+    for i in range(3):
+        engine.add_request(f"d{i}", prompts[i], params(40), lora_request=d)
+    step_until(engine, lambda: all(state(engine, f"d{i}") == "running" for i in range(3)), {})
+    while any(seq.num_computed_tokens < 9 for seq in engine.scheduler.running):
+        engine.step()  # d's prompts computed: from here each step has 3 decodes and room for one prompt (9 tokens)
+    for prompt, (rid, request) in zip(prompts[3:], (("a1", a), ("a2", a), ("b1", b), ("a3", a)), strict=True):
+        engine.add_request(rid, prompt, params(8 if rid != "b1" else 4), lora_request=request)
+    order, running = [], set()
+    while engine.has_unfinished_requests():
+        finished = {o.request_id for o in engine.step() if o.finished}
+        now = {rid for rid in ("a1", "a2", "a3", "b1") if state(engine, rid) == "running"}
+        order += sorted(now - running)
+        running = now - finished
+        assert len({s.lora_request.id for s in engine.scheduler.running}) <= 2
+    assert order == ["a1", "a2", "a3", "b1"]
+
+
 def test_pins_follow_admission_abort_and_preemption(model_dir, adapters, oracle):
     engine = make_llm(model_dir, num_kv_blocks=14, max_loras=2).llm_engine  # 14 blocks of 4: preemption
     requests = {"a": lora_request("a", adapters["a"]), "b": lora_request("b", adapters["b"])}
