@@ -1,7 +1,7 @@
-/* AMX tiles for the CPU kernels that use them (paged_attention.c's prefill, int8_gemm.c): the tile configuration a
- * thread loads (_tile_loadconfig: palette 1, rows and bytes a row of each tile) and the tile state, which Linux hands
- * a process only when asked (arch_prctl), once. Included where __AMX_TILE__ and __linux__ are defined, after
- * _GNU_SOURCE (for syscall()). */
+/* AMX tiles for the CPU kernels that use them (paged_attention.c's prefill, int8_gemm.c, lora.c): the tile
+ * configuration a thread loads (_tile_loadconfig: palette 1, rows and bytes a row of each tile) and the tile state,
+ * which Linux hands a process only when asked (arch_prctl), once. Included where __AMX_TILE__ and __linux__ are
+ * defined, after _GNU_SOURCE (for syscall()). */
 #ifndef LORA_PLATFORM_AMX_H
 #define LORA_PLATFORM_AMX_H
 

@@ -4,7 +4,8 @@
  * over 8 adapters at rank 16 is a few MFLOP), and torch pays tens of microseconds per op for the gathers,
  * batched products, scatters and scalings around them: about 60 ms of a decode step of SmolLM2-135M with 8
  * adapters, against under 10 ms of arithmetic. Here up to TILE consecutive tokens of one slot are a work item: the
- * slot's A or B rows are read once for all of them, and each token's h or y row is written once.
+ * slot's A or B rows are read once for all of them, and each token's h or y row is written once. On CPUs with
+ * AMX-BF16, a slot with many tokens in a bf16 call runs on tiles instead (below).
  *
  * Layouts (row-major): x [tokens, in] with row stride x_stride; lora_a [slots, R, in] with R = parts * max_rank;
  * h [tokens, R] contiguous; lora_b [slots, out_total, max_rank]; y [tokens, out_total] with row stride y_stride.
@@ -72,7 +73,7 @@ static void shrink_tile_dp(const act_t *const xs[TILE], const act_t *a, int64_t 
  *   expand: delta[16 tokens][16 outputs] += h[16 tokens][16 ranks] . B^T, B packed [out/16][rank/16][8 pairs][16
  *   outputs], h split into a bf16 high and low part (two products) so it keeps ~16 bits, as float32 sums would.
  * Products of bf16 pairs are exact in float32 and the tiles sum in float32, as vdpbf16ps does. Measured on the
- * 2-core Sapphire Rapids VM (all four fused projections of 30 layers, 8 slots, rank 16): see kernels/cpu/lora.py. */
+ * 2-core Sapphire Rapids VM (gate|up, 8 slots, rank 16): see kernels/cpu/lora.py. */
 #if HAVE_DP && defined(__AMX_TILE__) && defined(__AMX_BF16__) && defined(__linux__)
 #define HAVE_AMX 1
 #include <omp.h>
