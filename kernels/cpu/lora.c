@@ -37,7 +37,9 @@ static inline void store_sums(const vf acc[8], float *out0, float *out1) {
 #if defined(ACT_BF16) && defined(__AVX512BF16__)
 /* bf16 x and A on a CPU with AVX512-BF16: vdpbf16ps multiplies 32 bf16 pairs into 16 float32 sums in one instruction
  * (the products of two bf16 are exact in float32, as in the loop below; the sums go in another order). A tile of
- * TILE tokens x 4 rows of A is 16 accumulators, reduced together. in_features must be a multiple of 32. */
+ * TILE tokens x 4 rows of A is 16 accumulators, reduced together. in_features must be a multiple of 32. The next four
+ * rows are fetched meanwhile: in a decode step every slot's A comes from memory (q|k|v of 30 layers, 8 slots, 64
+ * tokens, caches flushed, 2-core Sapphire Rapids VM: 0.80-1.26 -> 0.62-0.68 ms). */
 _Static_assert(TILE * 4 == 16, "a tile is one hsum16");
 static void shrink_tile_dp(const act_t *const xs[TILE], const act_t *a, int64_t in_features, int64_t rank_total,
                            float *const hs[TILE]) {
@@ -48,6 +50,7 @@ static void shrink_tile_dp(const act_t *const xs[TILE], const act_t *a, int64_t 
         for (int64_t k = 0; k < in_features; k += 32) {
             __m512bh av[4];
             for (int j = 0; j < 4; ++j) av[j] = (__m512bh)_mm512_loadu_si512(ar + j * in_features + k);
+            for (int j = 4; j < 8; ++j) _mm_prefetch((const char *)(ar + j * in_features + k), _MM_HINT_T0);
             for (int t = 0; t < TILE; ++t) {
                 const __m512bh xv = (__m512bh)_mm512_loadu_si512(xs[t] + k);
                 for (int j = 0; j < 4; ++j) acc[t * 4 + j] = _mm512_dpbf16_ps(acc[t * 4 + j], av[j], xv);
