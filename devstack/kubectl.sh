@@ -13,6 +13,7 @@ SUDO=""
 if [ "$(id -u)" -ne 0 ]; then
   SUDO="sudo"
 fi
+# Another apt run (a second checkout installing at the same time) may hold the dpkg lock: wait for it.
 $SUDO apt-get -o DPkg::Lock::Timeout=600 update -qq
 DEBIAN_FRONTEND=noninteractive $SUDO apt-get -o DPkg::Lock::Timeout=600 install -y -qq kubernetes-client
 kubectl version --client

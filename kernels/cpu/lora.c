@@ -352,6 +352,32 @@ static void *workspace(size_t bytes) {
     return workspace_ptr;
 }
 
+/* A call's plan: its items, the first row of each slot whose weights are packed, and the workspace holding the packs
+ * (pack_bytes each) and every thread's scratch (scratch_bytes). */
+typedef struct {
+    Item *items;
+    int64_t *pack_rows, num_items, num_packs;
+    char *ws;
+} Plan;
+
+/* Plans a call (slots with amx_rows tokens and more on tiles; 0: none). Returns -1 when memory is short (nothing is
+ * left to free), else 0; plan_free releases it. */
+static int plan_call(const int64_t *slots, int64_t num_rows, int64_t amx_rows, size_t pack_bytes,
+                     size_t scratch_bytes, int64_t num_threads, Plan *plan) {
+    plan->items = malloc(num_rows * (sizeof(Item) + sizeof(int64_t)));
+    if (plan->items == NULL) return -1;
+    plan->pack_rows = (int64_t *)(plan->items + num_rows);
+    plan->num_items = plan_items(slots, num_rows, amx_rows, plan->items, plan->pack_rows, &plan->num_packs);
+    plan->ws = plan->num_packs ? workspace(plan->num_packs * pack_bytes + num_threads * scratch_bytes) : NULL;
+    if (plan->num_packs && plan->ws == NULL) {
+        free(plan->items);
+        return -1;
+    }
+    return 0;
+}
+
+static void plan_free(Plan *plan) { free(plan->items); }
+
 /* 1 when this build's bf16 shrink runs on vdpbf16ps (above), else 0: for the tests. */
 int lora_bf16_dots(void) { return HAVE_DP; }
 
@@ -398,18 +424,12 @@ int lora_shrink(const act_t *x, int64_t x_stride, const act_t *lora_a, int64_t i
     if (in_features % LANES || rank_total % LANES) return -1;
     if (num_rows <= 0) return 0;
     const int amx = HAVE_AMX && in_features % 32 == 0 && rank_total % 16 == 0 && lora_amx();
-    Item *items = malloc(num_rows * (sizeof(Item) + sizeof(int64_t)));
-    if (items == NULL) return -1;
-    int64_t *pack_rows = (int64_t *)(items + num_rows), num_packs;
-    const int64_t num_items =
-        plan_items(slots, num_rows, amx ? AMX_SHRINK_ROWS : 0, items, pack_rows, &num_packs);
     const size_t pack_bytes = (size_t)rank_total * in_features * sizeof(act_t);
     const size_t scratch_bytes = 16 * in_features * sizeof(act_t) + 16 * 16 * sizeof(float);
-    char *ws = num_packs ? workspace(num_packs * pack_bytes + num_threads * scratch_bytes) : NULL;
-    if (num_packs && ws == NULL) {
-        free(items);
-        return -1;
-    }
+    Plan plan;
+    if (plan_call(slots, num_rows, amx ? AMX_SHRINK_ROWS : 0, pack_bytes, scratch_bytes, num_threads, &plan)) return -1;
+    const Item *items = plan.items;
+    const int64_t num_items = plan.num_items, num_packs = plan.num_packs;
     if (num_packs == 0) { /* the vector loop only: items of equal cost */
 #pragma omp parallel for schedule(static) num_threads(num_threads)
         for (int64_t i = 0; i < num_items; ++i) {
@@ -423,15 +443,15 @@ int lora_shrink(const act_t *x, int64_t x_stride, const act_t *lora_a, int64_t i
         {
 #pragma omp for schedule(static)
             for (int64_t p = 0; p < num_packs; ++p)
-                pack_a(lora_a + slots[pack_rows[p]] * rank_total * in_features, in_features, rank_total,
-                       (uint32_t *)(ws + p * pack_bytes));
-            char *scratch = ws + num_packs * pack_bytes + omp_get_thread_num() * scratch_bytes;
+                pack_a(lora_a + slots[plan.pack_rows[p]] * rank_total * in_features, in_features, rank_total,
+                       (uint32_t *)(plan.ws + p * pack_bytes));
+            char *scratch = plan.ws + num_packs * pack_bytes + omp_get_thread_num() * scratch_bytes;
             configure_shrink(); /* the tile configuration is each thread's own */
 #pragma omp for schedule(dynamic, 1)
             for (int64_t i = 0; i < num_items; ++i) {
                 const Item item = items[i];
                 if (item.pack >= 0)
-                    shrink_amx(x, x_stride, (const uint32_t *)(ws + item.pack * pack_bytes), in_features,
+                    shrink_amx(x, x_stride, (const uint32_t *)(plan.ws + item.pack * pack_bytes), in_features,
                                rank_total, rows, item.first, item.n, h, (bf16 *)scratch,
                                (float *)(scratch + 16 * in_features * sizeof(act_t)));
                 else
@@ -441,7 +461,7 @@ int lora_shrink(const act_t *x, int64_t x_stride, const act_t *lora_a, int64_t i
         }
     }
 #endif
-    free(items);
+    plan_free(&plan);
     return 0;
 }
 
@@ -501,19 +521,13 @@ int lora_expand(act_t *y, int64_t y_stride, const float *h, int64_t h_stride, co
     }
     if (num_rows <= 0) return 0;
     amx = amx && lora_amx();
-    Item *items = malloc(num_rows * (sizeof(Item) + sizeof(int64_t)));
-    if (items == NULL) return -1;
-    int64_t *pack_rows = (int64_t *)(items + num_rows), num_packs;
-    const int64_t num_items =
-        plan_items(slots, num_rows, amx ? AMX_EXPAND_ROWS : 0, items, pack_rows, &num_packs);
     const int64_t rank_total = num_parts * max_rank;
     const size_t pack_bytes = (size_t)out_total * max_rank * sizeof(act_t);
     const size_t scratch_bytes = 2 * 16 * rank_total * sizeof(act_t) + 16 * 32 * sizeof(float);
-    char *ws = num_packs ? workspace(num_packs * pack_bytes + num_threads * scratch_bytes) : NULL;
-    if (num_packs && ws == NULL) {
-        free(items);
-        return -1;
-    }
+    Plan plan;
+    if (plan_call(slots, num_rows, amx ? AMX_EXPAND_ROWS : 0, pack_bytes, scratch_bytes, num_threads, &plan)) return -1;
+    const Item *items = plan.items;
+    const int64_t num_items = plan.num_items, num_packs = plan.num_packs;
     if (num_packs == 0) { /* the vector loop only: items of equal cost */
 #pragma omp parallel for schedule(static) num_threads(num_threads)
         for (int64_t i = 0; i < num_items; ++i) {
@@ -528,15 +542,15 @@ int lora_expand(act_t *y, int64_t y_stride, const float *h, int64_t h_stride, co
         {
 #pragma omp for schedule(static)
             for (int64_t p = 0; p < num_packs; ++p)
-                pack_b(lora_b + slots[pack_rows[p]] * out_total * max_rank, out_total, max_rank,
-                       (uint32_t *)(ws + p * pack_bytes));
-            char *scratch = ws + num_packs * pack_bytes + omp_get_thread_num() * scratch_bytes;
+                pack_b(lora_b + slots[plan.pack_rows[p]] * out_total * max_rank, out_total, max_rank,
+                       (uint32_t *)(plan.ws + p * pack_bytes));
+            char *scratch = plan.ws + num_packs * pack_bytes + omp_get_thread_num() * scratch_bytes;
             configure_expand(); /* the tile configuration is each thread's own */
 #pragma omp for schedule(dynamic, 1)
             for (int64_t i = 0; i < num_items; ++i) {
                 const Item item = items[i];
                 if (item.pack >= 0)
-                    expand_amx(y, y_stride, h, h_stride, (const uint32_t *)(ws + item.pack * pack_bytes), max_rank,
+                    expand_amx(y, y_stride, h, h_stride, (const uint32_t *)(plan.ws + item.pack * pack_bytes), max_rank,
                                part_sizes, num_parts, scales[slots[item.first]], rows, item.first, item.n,
                                (bf16 *)scratch, (float *)(scratch + 2 * 16 * rank_total * sizeof(act_t)));
                 else
@@ -547,6 +561,6 @@ int lora_expand(act_t *y, int64_t y_stride, const float *h, int64_t h_stride, co
         }
     }
 #endif
-    free(items);
+    plan_free(&plan);
     return 0;
 }
