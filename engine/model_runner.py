@@ -74,6 +74,9 @@ class ModelRunner:
         self.kv_cache = (zeroed(shape, self.kv_cache_dtype) if self.device.type == "cpu"
                          else torch.zeros(shape, dtype=self.kv_cache_dtype, device=self.device))
         self.model.bind_kv_cache(list(self.kv_cache[0]), list(self.kv_cache[1]))
+        if self.device.type == "cpu" and self.model.use_native_forward():
+            logger.info("decoder layers: replayed as C kernel calls at steps of up to %d tokens without adapters",
+                        self.model.native.max_tokens)
         generator = torch.Generator(device=self.device)
         generator.manual_seed(config.seed)
         self.sampler = Sampler(eos_token_ids, generator, structured)

@@ -175,3 +175,8 @@ class LinearKernel:
         band = min(bisect_left(self._limits, x.shape[0]), len(self._calls) - 1)
         run, operand = self._calls[band]
         return run(x, operand, self.bias)
+
+    def band(self, num_tokens: int) -> tuple[str, object]:
+        """(path name, its operand) that a call of ``num_tokens`` rows runs."""
+        band = min(bisect_left(self._limits, num_tokens), len(self._calls) - 1)
+        return self.bands[band][1], self._calls[band][1]

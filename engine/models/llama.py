@@ -23,6 +23,7 @@ import kernels
 from engine.batch_metadata import BatchMetadata
 from engine.config import ModelConfig
 from engine.models.linear import LoRAWeights, Projection, ProjectionShard
+from engine.models.native_forward import NativeForward
 from engine.models.rotary import RotaryEmbedding, apply_rotary
 from kernels.cpu import rms_norm, rotary_kv, silu_mul
 
@@ -156,6 +157,7 @@ class LlamaForCausalLM(nn.Module):
         tied = config.tie_word_embeddings and group is None  # a shard's tied rows are bound by tie_lm_head()
         self.lm_head = Projection("", config.hidden_size, [("lm_head", vocab_rows)], bias=False,
                                   weight=self.embed_tokens if tied else None, shard=_column(group, vocab_first))
+        self.native = None  # engine.models.native_forward.NativeForward, once use_native_forward() found one
 
     def tie_lm_head(self) -> None:
         """After loading a shard with tied embeddings: its vocabulary projection views its rows of the embedding.
@@ -165,8 +167,15 @@ class LlamaForCausalLM(nn.Module):
             self.lm_head.weight = nn.Parameter(self.embed_tokens.detach()[first : first + rows], requires_grad=False)
 
     def bind_kv_cache(self, k_caches: list[torch.Tensor], v_caches: list[torch.Tensor]) -> None:
+        self.native = None  # a replay records the caches' addresses: use_native_forward() again after this
         for layer, k_cache, v_cache in zip(self.layers, k_caches, v_caches, strict=True):
             layer.self_attn.k_cache, layer.self_attn.v_cache = k_cache, v_cache
+
+    def use_native_forward(self) -> bool:
+        """Replay the layers as recorded C kernel calls from now on where a step allows it
+        (``engine.models.native_forward``); call after the GEMM paths and the KV cache are bound. Whether it could."""
+        self.native = NativeForward.build(self)
+        return self.native is not None
 
     def bind_lora(self, slot_cache) -> None:
         """Point every projection at its part of the adapter slot cache's buffers (``AdapterSlotCache``)."""
@@ -175,9 +184,15 @@ class LlamaForCausalLM(nn.Module):
                 if isinstance(projection, Projection):
                     lora_a, lora_b = slot_cache.group_weights(i, projection.module_names)
                     projection.lora = LoRAWeights(lora_a, lora_b, slot_cache.scales, slot_cache.slot_ranks)
+        if self.native is not None:
+            self.native.adapters_bound()
 
     def forward(self, input_ids: torch.Tensor, batch: BatchMetadata) -> torch.Tensor:
         # input_ids: [T] -> hidden states [T, hidden]
+        if self.native is not None:
+            hidden = self.native.forward(input_ids, batch)
+            if hidden is not None:
+                return hidden
         x = F.embedding(input_ids, self.embed_tokens)
         rope = self.rotary(batch.positions)
         residual = None

@@ -8,10 +8,10 @@ import torch
 from safetensors.torch import load_file, save_file
 from transformers import AutoModelForCausalLM
 
-from engine.batch_metadata import BatchMetadata
 from engine.config import ModelConfig
 from engine.models.linear import LoRAWeights, Projection
 from engine.models.loader import load_model
+from tests.support.batches import step_batch
 
 BLOCK = 4
 
@@ -27,23 +27,9 @@ def engine_model(folder):
 
 def forward(model, chunks: list[tuple[list[int], int, list[int]]]) -> torch.Tensor:
     """chunks: (token ids of this step, tokens already in the cache, block table) per sequence -> logits."""
-    ids, positions, slots, lens, starts, tables = [], [], [], [], [0], []
-    for tokens, done, table in chunks:
-        ids += tokens
-        positions += range(done, done + len(tokens))
-        slots += [table[p // BLOCK] * BLOCK + p % BLOCK for p in range(done, done + len(tokens))]
-        lens.append(done + len(tokens))
-        starts.append(starts[-1] + len(tokens))
-        tables.append(table)
-    width = max(map(len, tables))
-    batch = BatchMetadata(
-        positions=torch.tensor(positions), slot_mapping=torch.tensor(slots),
-        block_tables=torch.tensor([t + [0] * (width - len(t)) for t in tables], dtype=torch.int32),
-        seq_lens=torch.tensor(lens, dtype=torch.int32), query_start_loc=torch.tensor(starts, dtype=torch.int32),
-        logits_indices=torch.arange(len(ids)),
-    )
+    ids, batch = step_batch(chunks, BLOCK)
     with torch.inference_mode():
-        return model.compute_logits(model(torch.tensor(ids), batch))
+        return model.compute_logits(model(ids, batch))
 
 
 def hf_logits(folder, ids: list[int]) -> torch.Tensor:
