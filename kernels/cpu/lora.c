@@ -68,29 +68,7 @@ static void shrink_tile_dp(const act_t *const xs[TILE], const act_t *a, int64_t 
 #define HAVE_DP 0
 #endif
 
-/* ---- AMX-BF16 (Sapphire Rapids and later): the runs of a call with many tokens of one slot.
- * Tile products need the second operand in pairs of K ("VNNI": row kk holds, for each of 16 columns, the elements
- * 2kk and 2kk + 1 of K). Each slot's A (for the shrink) or B (for the expand) is rearranged so once a call, by 16 x 16
- * transposes of 32-bit pairs, then every tile of that slot's tokens reads it:
- *   shrink: h[16 tokens][16 ranks] += x[16 tokens][32 inputs] . A^T, A packed [in/32][R/16][16 pairs][16 ranks];
- *   expand: delta[16 tokens][16 outputs] += h[16 tokens][16 ranks] . B^T, B packed [out/16][rank/16][8 pairs][16
- *   outputs], h split into a bf16 high and low part (two products) so it keeps ~16 bits, as float32 sums would.
- * Products of bf16 pairs are exact in float32 and the tiles sum in float32, as vdpbf16ps does. Measured on the
- * 2-core Sapphire Rapids VM (gate|up, 8 slots, rank 16): see kernels/cpu/lora.py. */
-#if HAVE_DP && defined(__AMX_TILE__) && defined(__AMX_BF16__) && defined(__linux__)
-#define HAVE_AMX 1
-#include <omp.h>
-
-#include "amx.h"
-
-/* A slot with fewer tokens than this in a call stays on the vector loop: packing its weights and the tiles' fixed
- * costs outweigh the products (gate|up of 8 slots on the 2-core Sapphire Rapids VM: the shrink at 8 tokens a slot
- * 21.6 us on tiles against 14.6 on vdpbf16ps, at 16 16.7 against 26.1; the expand at 4 tokens 45.4 against 57.2,
- * at 1 37.8 against 19.8). */
-#define AMX_SHRINK_ROWS 16
-#define AMX_EXPAND_ROWS 4
-#define UNIT_ROWS 64   /* a work unit: up to this many tokens of one slot, four tiles of 16 */
-
+#if defined(__AVX512F__)
 /* r[i] = column i of the 16 x 16 matrix of 32-bit elements whose row j was r[j]. */
 static inline void transpose16(__m512i r[16]) {
     __m512i t[16];
@@ -115,6 +93,101 @@ static inline void transpose16(__m512i r[16]) {
     }
     for (int i = 0; i < 16; ++i) r[i] = t[i];
 }
+
+/* ---- The expand on AVX-512 (every CPU that has it; AMX or not): 16 outputs x up to EXPAND_TILE tokens of one slot
+ * at a time. The 16 rows of B for those outputs are transposed once (16 ranks of 16 outputs each, float32) and each
+ * token's y gets sum_k h[k] * column k: FMAs against a broadcast h, no horizontal sums. The 8-float loop below pays a
+ * horizontal sum per 8 outputs per token and reloads B every TILE tokens (gate|up, 8 slots of rank 16, 2-core AMD
+ * EPYC Zen 4: 132 us a call at 64 tokens, 2.9 ms at 2048). */
+#if defined(__AVX512BW__) && defined(__AVX512VL__) && (!defined(ACT_BF16) || defined(__AVX512BF16__))
+#define HAVE_EXPAND16 1
+#define EXPAND_TILE 8
+
+/* r[i] = row i of B's block (float32 bits), ranks c .. c + w - 1 (w 8 or 16, zero past it); rows past `rows` zero. */
+static inline void load_b16(const act_t *b, int64_t max_rank, int64_t rows, int64_t c, int64_t w, __m512i r[16]) {
+    const __mmask16 m = w == 16 ? 0xffff : 0xff;
+    for (int i = 0; i < 16; ++i) {
+        if (i >= rows) {
+            r[i] = _mm512_setzero_si512();
+            continue;
+        }
+#ifdef ACT_BF16
+        r[i] = _mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(m, b + i * max_rank + c)), 16);
+#else
+        r[i] = _mm512_castps_si512(_mm512_maskz_loadu_ps(m, b + i * max_rank + c));
+#endif
+    }
+}
+
+static void expand_item16(act_t *y, int64_t y_stride, const float *h, int64_t h_stride, const act_t *lora_b,
+                          int64_t out_total, int64_t max_rank, const int64_t *part_sizes, int64_t num_parts,
+                          const float *scales, const int64_t *rows, const int64_t *slots, int64_t first, int64_t n) {
+    const act_t *b = lora_b + slots[first] * out_total * max_rank;
+    const __m512 scale = _mm512_set1_ps(scales[slots[first]]);
+    int64_t offset = 0;
+    for (int64_t p = 0; p < num_parts; ++p) {
+        const int64_t end = offset + part_sizes[p];
+        for (int64_t o = offset; o < end; o += 16) {
+            const int64_t valid = end - o < 16 ? end - o : 16; /* 8 at the end of a part whose size is 8 mod 16 */
+            __m512 acc[EXPAND_TILE];
+            for (int t = 0; t < EXPAND_TILE; ++t) acc[t] = _mm512_setzero_ps();
+            for (int64_t c = 0; c < max_rank; c += 16) {
+                const int64_t w = max_rank - c < 16 ? max_rank - c : 16;
+                __m512i r[16];
+                load_b16(b + o * max_rank, max_rank, valid, c, w, r);
+                transpose16(r); /* r[k], lane i: B[o + i][c + k] */
+                for (int64_t t = 0; t < n; ++t) {
+                    const float *hp = h + rows[first + t] * h_stride + p * max_rank + c;
+                    __m512 sum = acc[t];
+                    for (int k = 0; k < 8; ++k) sum = _mm512_fmadd_ps(_mm512_set1_ps(hp[k]), (__m512)r[k], sum);
+                    if (w == 16)
+                        for (int k = 8; k < 16; ++k) sum = _mm512_fmadd_ps(_mm512_set1_ps(hp[k]), (__m512)r[k], sum);
+                    acc[t] = sum;
+                }
+            }
+            const __mmask16 m = valid == 16 ? 0xffff : 0xff;
+            for (int64_t t = 0; t < n; ++t) { /* y rounded once, after its delta */
+                act_t *yt = y + rows[first + t] * y_stride + o;
+#ifdef ACT_BF16
+                const __m512 yv = (__m512)_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(m, yt)), 16);
+                _mm256_mask_storeu_epi16(yt, m, (__m256i)_mm512_cvtneps_pbh(_mm512_fmadd_ps(scale, acc[t], yv)));
+#else
+                _mm512_mask_storeu_ps(yt, m, _mm512_fmadd_ps(scale, acc[t], _mm512_maskz_loadu_ps(m, yt)));
+#endif
+            }
+        }
+        offset = end;
+    }
+}
+#endif
+#endif
+#ifndef HAVE_EXPAND16
+#define HAVE_EXPAND16 0
+#define EXPAND_TILE TILE
+#endif
+
+/* ---- AMX-BF16 (Sapphire Rapids and later): the runs of a call with many tokens of one slot.
+ * Tile products need the second operand in pairs of K ("VNNI": row kk holds, for each of 16 columns, the elements
+ * 2kk and 2kk + 1 of K). Each slot's A (for the shrink) or B (for the expand) is rearranged so once a call, by 16 x 16
+ * transposes of 32-bit pairs, then every tile of that slot's tokens reads it:
+ *   shrink: h[16 tokens][16 ranks] += x[16 tokens][32 inputs] . A^T, A packed [in/32][R/16][16 pairs][16 ranks];
+ *   expand: delta[16 tokens][16 outputs] += h[16 tokens][16 ranks] . B^T, B packed [out/16][rank/16][8 pairs][16
+ *   outputs], h split into a bf16 high and low part (two products) so it keeps ~16 bits, as float32 sums would.
+ * Products of bf16 pairs are exact in float32 and the tiles sum in float32, as vdpbf16ps does. Measured on the
+ * 2-core Sapphire Rapids VM (gate|up, 8 slots, rank 16): see kernels/cpu/lora.py. */
+#if HAVE_DP && defined(__AMX_TILE__) && defined(__AMX_BF16__) && defined(__linux__)
+#define HAVE_AMX 1
+#include <omp.h>
+
+#include "amx.h"
+
+/* A slot with fewer tokens than this in a call stays on the vector loop: packing its weights and the tiles' fixed
+ * costs outweigh the products (gate|up of 8 slots on the 2-core Sapphire Rapids VM: the shrink at 8 tokens a slot
+ * 21.6 us on tiles against 14.6 on vdpbf16ps, at 16 16.7 against 26.1; the expand at 4 tokens 45.4 against 57.2,
+ * at 1 37.8 against 19.8). */
+#define AMX_SHRINK_ROWS 16
+#define AMX_EXPAND_ROWS 4
+#define UNIT_ROWS 64   /* a work unit: up to this many tokens of one slot, four tiles of 16 */
 
 /* A [R][in] (bf16) -> packed [in/32][R/16][16 pairs kk][16 ranks] (32-bit pairs). */
 static void pack_a(const bf16 *a, int64_t in_features, int64_t rank_total, uint32_t *packed) {
@@ -313,13 +386,14 @@ int lora_amx(void) {
 #endif
 }
 
-/* A call's work: items of up to TILE tokens of one slot for the vector loops, units of up to UNIT_ROWS for AMX
+/* A call's work: items of up to `tile` tokens of one slot for the vector loops (TILE for the shrink, EXPAND_TILE for
+ * the expand), units of up to UNIT_ROWS for AMX
  * (pack: index of the slot's packed weights). Rows are in slot order, so a slot's tokens are one run. */
 typedef struct {
     int64_t first, n, pack;
 } Item;
 
-static int64_t plan_items(const int64_t *slots, int64_t num_rows, int64_t amx_rows, Item *items,
+static int64_t plan_items(const int64_t *slots, int64_t num_rows, int64_t tile, int64_t amx_rows, Item *items,
                           int64_t *pack_rows, int64_t *num_packs) {
     int64_t num_items = 0;
     *num_packs = 0;
@@ -331,7 +405,7 @@ static int64_t plan_items(const int64_t *slots, int64_t num_rows, int64_t amx_ro
                 items[num_items++] = (Item){f, j - f < UNIT_ROWS ? j - f : UNIT_ROWS, *num_packs};
             pack_rows[(*num_packs)++] = i;
         } else {
-            for (int64_t f = i; f < j; f += TILE) items[num_items++] = (Item){f, j - f < TILE ? j - f : TILE, -1};
+            for (int64_t f = i; f < j; f += tile) items[num_items++] = (Item){f, j - f < tile ? j - f : tile, -1};
         }
         i = j;
     }
@@ -362,12 +436,12 @@ typedef struct {
 
 /* Plans a call (slots with amx_rows tokens and more on tiles; 0: none). Returns -1 when memory is short (nothing is
  * left to free), else 0; plan_free releases it. */
-static int plan_call(const int64_t *slots, int64_t num_rows, int64_t amx_rows, size_t pack_bytes,
+static int plan_call(const int64_t *slots, int64_t num_rows, int64_t tile, int64_t amx_rows, size_t pack_bytes,
                      size_t scratch_bytes, int64_t num_threads, Plan *plan) {
     plan->items = malloc(num_rows * (sizeof(Item) + sizeof(int64_t)));
     if (plan->items == NULL) return -1;
     plan->pack_rows = (int64_t *)(plan->items + num_rows);
-    plan->num_items = plan_items(slots, num_rows, amx_rows, plan->items, plan->pack_rows, &plan->num_packs);
+    plan->num_items = plan_items(slots, num_rows, tile, amx_rows, plan->items, plan->pack_rows, &plan->num_packs);
     plan->ws = plan->num_packs ? workspace(plan->num_packs * pack_bytes + num_threads * scratch_bytes) : NULL;
     if (plan->num_packs && plan->ws == NULL) {
         free(plan->items);
@@ -427,7 +501,8 @@ int lora_shrink(const act_t *x, int64_t x_stride, const act_t *lora_a, int64_t i
     const size_t pack_bytes = (size_t)rank_total * in_features * sizeof(act_t);
     const size_t scratch_bytes = 16 * in_features * sizeof(act_t) + 16 * 16 * sizeof(float);
     Plan plan;
-    if (plan_call(slots, num_rows, amx ? AMX_SHRINK_ROWS : 0, pack_bytes, scratch_bytes, num_threads, &plan)) return -1;
+    if (plan_call(slots, num_rows, TILE, amx ? AMX_SHRINK_ROWS : 0, pack_bytes, scratch_bytes, num_threads, &plan))
+        return -1;
     const Item *items = plan.items;
     const int64_t num_items = plan.num_items, num_packs = plan.num_packs;
     if (num_packs == 0) { /* the vector loop only: items of equal cost */
@@ -465,6 +540,7 @@ int lora_shrink(const act_t *x, int64_t x_stride, const act_t *lora_a, int64_t i
     return 0;
 }
 
+#if !HAVE_EXPAND16
 /* The vector loop's expand of one item: eight outputs at a time (eight rows of B, held in registers up to rank 16)
  * against each of its n <= TILE tokens' h. */
 static void expand_item(act_t *y, int64_t y_stride, const float *h, int64_t h_stride, const act_t *lora_b,
@@ -505,6 +581,13 @@ static void expand_item(act_t *y, int64_t y_stride, const float *h, int64_t h_st
         offset += part_sizes[p];
     }
 }
+#endif
+
+#if HAVE_EXPAND16
+#define EXPAND_ITEM expand_item16
+#else
+#define EXPAND_ITEM expand_item
+#endif
 
 /* y[rows[i], part p] += scales[s] * lora_b[s][part p rows] @ h[rows[i], p * max_rank : (p + 1) * max_rank] with
  * s = slots[i]: items of up to TILE tokens on the vector loop, or AMX units against the slot's packed B (as the
@@ -525,14 +608,16 @@ int lora_expand(act_t *y, int64_t y_stride, const float *h, int64_t h_stride, co
     const size_t pack_bytes = (size_t)out_total * max_rank * sizeof(act_t);
     const size_t scratch_bytes = 2 * 16 * rank_total * sizeof(act_t) + 16 * 32 * sizeof(float);
     Plan plan;
-    if (plan_call(slots, num_rows, amx ? AMX_EXPAND_ROWS : 0, pack_bytes, scratch_bytes, num_threads, &plan)) return -1;
+    if (plan_call(slots, num_rows, EXPAND_TILE, amx ? AMX_EXPAND_ROWS : 0, pack_bytes, scratch_bytes, num_threads,
+                  &plan))
+        return -1;
     const Item *items = plan.items;
     const int64_t num_items = plan.num_items, num_packs = plan.num_packs;
     if (num_packs == 0) { /* the vector loop only: items of equal cost */
 #pragma omp parallel for schedule(static) num_threads(num_threads)
         for (int64_t i = 0; i < num_items; ++i) {
             const Item item = items[i];
-            expand_item(y, y_stride, h, h_stride, lora_b, out_total, max_rank, part_sizes, num_parts, scales, rows,
+            EXPAND_ITEM(y, y_stride, h, h_stride, lora_b, out_total, max_rank, part_sizes, num_parts, scales, rows,
                         slots, item.first, item.n);
         }
     }
@@ -554,7 +639,7 @@ int lora_expand(act_t *y, int64_t y_stride, const float *h, int64_t h_stride, co
                                part_sizes, num_parts, scales[slots[item.first]], rows, item.first, item.n,
                                (bf16 *)scratch, (float *)(scratch + 2 * 16 * rank_total * sizeof(act_t)));
                 else
-                    expand_item(y, y_stride, h, h_stride, lora_b, out_total, max_rank, part_sizes, num_parts, scales,
+                    EXPAND_ITEM(y, y_stride, h, h_stride, lora_b, out_total, max_rank, part_sizes, num_parts, scales,
                                 rows, slots, item.first, item.n);
             }
             _tile_release();

@@ -385,6 +385,32 @@ def test_bf16_runs_of_every_length_match_fp32_math_on_the_same_values(parts, in_
     assert bool(((y.float() - y_same).abs() <= bound).all())
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+@pytest.mark.parametrize("max_rank", [8, 24, 40])
+def test_expand_of_parts_and_ranks_that_are_8_past_a_multiple_of_16(dtype, max_rank, cpu_path):
+    """The AVX-512 expand takes 16 outputs and 16 ranks at a time: parts of 24 and 40 outputs end in half a block, and
+    ranks 8, 24, 40 in half a chunk. Every run length; y against fp32 math on the same values, rounded once."""
+    g = torch.Generator().manual_seed(max_rank)
+    parts, num_slots = (24, 40, 8), len(RUN_LENGTHS)
+    lora_b = (torch.randn(num_slots, sum(parts), max_rank, generator=g) * 0.1).to(dtype)
+    scales = torch.rand(num_slots, generator=g) + 0.5
+    token_slots = torch.cat([torch.full((n,), slot, dtype=torch.int32) for slot, n in enumerate(RUN_LENGTHS)])
+    num_tokens = token_slots.shape[0]
+    h = torch.randn(num_tokens, len(parts) * max_rank, generator=g)
+    y0 = torch.randn(num_tokens, sum(parts), generator=g).to(dtype)
+    y = y0.clone()
+    cpu.lora_expand(y, h, lora_b, token_slots, scales, slices=parts)
+    y_same = y0.float().clone()
+    reference.lora_expand(y_same, h, lora_b.float(), token_slots, scales, slices=parts)
+    delta = y_same - y0.float()
+    if dtype == torch.float32:
+        assert bool(((y - y_same).abs() <= 1e-5 * delta.abs().max()).all())
+    elif cpu_path == "native":
+        assert bool(((y.float() - y_same).abs() <= 2**-8 * y_same.abs() + 1e-5 * delta.abs().max()).all())
+    else:
+        assert bool(((y.float() - y_same).abs() <= 2**-7 * (y0.float().abs() + delta.abs())).all())
+
+
 def test_shapes_that_do_not_fit_are_refused_before_the_c_loop():
     lora_a, lora_b, scales = make_buffers(576, 192, [16] * NUM_SLOTS, 16)
     token_slots = slots_for(8, seed=1, order="identity")
