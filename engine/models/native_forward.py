@@ -172,7 +172,7 @@ class NativeForward:
                 return None
             recorded.add(program.ROTARY_QKV, rotary.rotary_qkv,
                          (ptr(self.qkv), self.qkv.shape[1], TOKENS, attn.num_heads, attn.num_kv_heads, attn.head_dim,
-                          COS, SIN, ptr(self.q), SLOTS, ptr(attn.k_cache), ptr(attn.v_cache), num_slots))
+                          COS, SIN, ptr(self.q), SLOTS, ptr(attn.k_cache), ptr(attn.v_cache), num_slots, THREADS))
             recorded.add(program.ATTENTION, paged.paged_attention,
                          (ptr(self.q), ptr(self.attn), ptr(attn.k_cache), ptr(attn.v_cache), attn.k_cache.shape[0],
                           BLOCK_TABLES, MAX_BLOCKS, SEQ_LENS, QUERY_START, SEQ_IDS, NUM_SEQS, attn.num_heads,

@@ -40,7 +40,7 @@ typedef int (*gemm_fn)(const void *, int64_t, const void *, const void *, int64_
 typedef int (*int8_fn)(const void *, int64_t, int, const void *, const float *, const float *, int64_t, int64_t,
                        void *, int64_t);
 typedef int (*rotary_fn)(const void *, int64_t, int64_t, int64_t, int64_t, int64_t, const float *, const float *,
-                         void *, const int64_t *, void *, void *, int64_t);
+                         void *, const int64_t *, void *, void *, int64_t, int64_t);
 typedef int (*attention_fn)(const void *, void *, const void *, const void *, int64_t, const int32_t *, int64_t,
                             const int32_t *, const int32_t *, const int32_t *, int64_t, int64_t, int64_t, int64_t,
                             int64_t, float, int64_t);
@@ -70,7 +70,8 @@ int64_t program_run(const Op *ops, int64_t num_ops, const int64_t *values, int64
             rc = ((int8_fn)op->fn)(P(0), v[1], (int)v[2], P(3), P(4), P(5), v[6], v[7], P(8), v[9]);
             break;
         case OP_ROTARY_QKV:
-            rc = ((rotary_fn)op->fn)(P(0), v[1], v[2], v[3], v[4], v[5], P(6), P(7), P(8), P(9), P(10), P(11), v[12]);
+            rc = ((rotary_fn)op->fn)(P(0), v[1], v[2], v[3], v[4], v[5], P(6), P(7), P(8), P(9), P(10), P(11), v[12],
+                                     v[13]);
             break;
         case OP_ATTENTION:
             rc = ((attention_fn)op->fn)(P(0), P(1), P(2), P(3), v[4], P(5), v[6], P(7), P(8), P(9), v[10], v[11],

@@ -32,7 +32,7 @@ def _library(act: torch.dtype, kv: torch.dtype):
         library.write_kv.restype = ctypes.c_int
         library.write_kv.argtypes = [_P, _I, _P, _I, _I, _I, _P, _P, _P, _I]
         library.rotary_qkv.restype = ctypes.c_int
-        library.rotary_qkv.argtypes = [_P, _I, _I, _I, _I, _I, _P, _P, _P, _P, _P, _P, _I]
+        library.rotary_qkv.argtypes = [_P, _I, _I, _I, _I, _I, _P, _P, _P, _P, _P, _P, _I, _I]
         library._typed = True
     return library
 
@@ -139,7 +139,7 @@ def rotary_qkv(qkv: torch.Tensor, num_q_heads: int, num_kv_heads: int, head_dim:
     num_slots = k_cache.shape[0] * k_cache.shape[1]
     status = library.rotary_qkv(qkv.data_ptr(), qkv.stride(0), num_tokens, num_q_heads, num_kv_heads, head_dim,
                                 cos.data_ptr(), sin.data_ptr(), q.data_ptr(), slot_mapping.data_ptr(),
-                                k_cache.data_ptr(), v_cache.data_ptr(), num_slots)
+                                k_cache.data_ptr(), v_cache.data_ptr(), num_slots, torch.get_num_threads())
     if status != 0:
         raise IndexError(f"rotary_qkv: a slot in slot_mapping is past the cache's {num_slots} slots")
     return q
