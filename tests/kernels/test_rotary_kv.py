@@ -93,26 +93,30 @@ def test_write_kv_refuses_a_slot_past_the_cache_before_writing():
 
 @pytest.mark.parametrize("act", DTYPES)
 @pytest.mark.parametrize("kv", DTYPES)
-def test_rotary_qkv_is_the_split_path_bit_for_bit(act, kv, torch_only):
+@pytest.mark.parametrize("num_tokens", [6, 40])  # 40: split over the threads (from 8 tokens)
+def test_rotary_qkv_is_the_split_path_bit_for_bit(act, kv, num_tokens, torch_only):
     """One C call for a layer (rotary of q and k, the KV write) against split + apply_rotary x2 + write_kv with the
     native kernels off: the same q and the same cache contents, the skipped slot's row untouched."""
     rotary = RotaryEmbedding(64, 8192, 100000.0, None)
-    cos, sin = rotary(torch.tensor([7, 300, 8191, 0, 4096, 12]))
-    _, _, qkv = _qkv(6, act, seed=3)
-    slots = torch.tensor([5, 40, -1, 0, 63, 17])
+    gen = torch.Generator().manual_seed(num_tokens)
+    positions = torch.cat([torch.tensor([7, 300, 8191, 0, 4096, 12]), torch.randint(0, 8192, (34,), generator=gen)])
+    cos, sin = rotary(positions[:num_tokens])
+    _, _, qkv = _qkv(num_tokens, act, seed=3)
+    slots = torch.randperm(64, generator=gen)[:num_tokens]
+    slots[2] = -1
     caches = [torch.zeros(4, 16, 3, 64, dtype=kv) for _ in range(4)]
     q = rotary_kv.rotary_qkv(qkv, 9, 3, 64, cos, sin, caches[0], caches[1], slots)
-    assert q is not None and q.shape == (6, 9, 64) and q.dtype == act
+    assert q is not None and q.shape == (num_tokens, 9, 64) and q.dtype == act
     with torch_only:
         assert rotary_kv.rotary_qkv(qkv, 9, 3, 64, cos, sin, caches[2], caches[3], slots) is None
         q_ref, k_ref, v_ref = qkv.split([576, 192, 192], dim=-1)
-        expected_q = apply_rotary(q_ref.view(6, 9, 64), cos, sin)
+        expected_q = apply_rotary(q_ref.view(num_tokens, 9, 64), cos, sin)
         with kernels.use_backend("cpu"):
-            kernels.write_kv(apply_rotary(k_ref.view(6, 3, 64), cos, sin), v_ref.view(6, 3, 64), caches[2], caches[3],
-                             slots)
+            kernels.write_kv(apply_rotary(k_ref.view(num_tokens, 3, 64), cos, sin), v_ref.view(num_tokens, 3, 64),
+                             caches[2], caches[3], slots)
     assert torch.equal(_bits(q), _bits(expected_q))
     assert torch.equal(_bits(caches[0]), _bits(caches[2])) and torch.equal(_bits(caches[1]), _bits(caches[3]))
-    assert int((caches[0] != 0).any(-1).any(-1).sum()) == 5
+    assert int((caches[0] != 0).any(-1).any(-1).sum()) == num_tokens - 1
 
 
 def test_rotary_qkv_refuses_a_slot_past_the_cache_and_other_layouts():
