@@ -9,7 +9,8 @@ One server (``python -m engine serve``, a child process, ``--max-num-seqs`` seat
   3. both tenants, Poisson arrivals, each request with its tenant's ``fairness_key`` (the gateway's keyed hash;
      here two fixed strings): the light tenant's TTFT against step 2 (target: p99 within 1.5x), the service each
      tenant got (weighted tokens, as the engine counts them, from ``/stats``), total output tok/s;
-  4. the same arrivals without keys (first come, first served): what fairness changed;
+  4. the same arrivals without keys (first come, first served): what fairness changed, its light TTFT and the total
+     throughput with keys against it (both pooled over the repeats: tokens over seconds, and over steps);
   5. two keys of weights 1 and 2, both backlogged (each sends its requests at once, the second twice as many): the
      service each got as the client saw it (prompt tokens at the first token, output tokens as they streamed, in
      the engine's weights) against VTC's bound on the gap between backlogged keys, and their service ratio
@@ -19,8 +20,9 @@ one step of waiting costs, which the batch size and CPU contention move (``pytho
 the waits in steps instead); the second is the throughput the schedule gives, which contention does not move (with
 keys it runs ~5% lower by design: a light tenant's prompt gets a step of its own, see ``engine.fairness``).
 A light tenant at 1/11 of 150% of capacity sends few requests (about 18 in 90 s on a 2-core CPU), so one run's p99 is
-its largest TTFT and swings from run to run; ``--repeats R`` runs steps 2 and 3 R times, interleaved, each with new
-arrivals (step 4 once), and the ratio is taken over the pooled samples (each repeat's own ratio is reported beside it).
+its largest TTFT and swings from run to run; ``--repeats R`` runs steps 2, 3 and 4 R times, interleaved, each with
+new arrivals, and the ratios are taken over the pooled samples (each repeat's own ratio is reported beside it): one
+run's throughput moves by a few percent with the host, as much as the ~4% a step that keys cost by design.
 Every request has a 64-128 token prompt of random ids (fresh ids each run, so no run reads another's prefix cache)
 and 32 greedy output tokens (EOS ignored). The load client
 shares the two cores with the server: the figures compare with each other, not with another run's.
@@ -197,7 +199,7 @@ async def run(url: str, plan: list[tuple[float, str, list[int]]], keyed: bool) -
     duration = time.perf_counter() - started
     step_s, num_steps = steps_after[0] - steps_before[0], steps_after[1] - steps_before[1]
     output_tokens = sum(r.output_tokens for _, r in results)
-    out = {"duration_s": duration, "output_tok_s": output_tokens / duration,
+    out = {"duration_s": duration, "output_tok_s": output_tokens / duration, "steps": num_steps,
            "mean_step_ms": 1000 * step_s / num_steps if num_steps else None,
            "output_tokens_per_step": output_tokens / num_steps if num_steps else None,
            "fairness": stats.get("fairness")}
@@ -234,21 +236,32 @@ def start_server(model: str, port: int, max_num_seqs: int, log_path: Path) -> su
     return proc
 
 
+def _pooled_rates(rs: list[dict]) -> tuple[float, float]:
+    """Output tokens per second and per step over runs ``rs``, pooled: every run's tokens over all their seconds (their
+    steps)."""
+    tokens = [r["output_tok_s"] * r["duration_s"] for r in rs]
+    steps = sum(r.get("steps") or t / r["output_tokens_per_step"] for r, t in zip(rs, tokens, strict=True))
+    return sum(tokens) / sum(r["duration_s"] for r in rs), sum(tokens) / steps
+
+
 def summarize(runs: dict[str, list[dict]]) -> tuple[dict, dict]:
     """The light tenant's TTFT percentiles over each kind's pooled runs (``runs``: "alone", "fair", "fcfs" -> the
     ``run`` results, alone and fair pairwise by repeat) and the ratios: p99 pooled with keys (and in arrival order)
-    over alone, each repeat's own p99 ratio, and throughput with keys over arrival order (the first repeat's runs)."""
+    over alone, each repeat's own p99 ratio, and throughput with keys over arrival order, pooled over the runs of each
+    (a run's output tokens over its seconds, and over its engine steps) and each repeat's own."""
     pooled = {name: percentiles([ms / 1000 for r in rs for ms in r[LIGHT]["ttfts_ms"]]) for name, rs in runs.items()}
     p99 = {name: pooled[name]["p99"] for name in pooled}
-    fair, fcfs = runs["fair"][0], runs["fcfs"][0]
+    (fair_tok_s, fair_per_step), (fcfs_tok_s, fcfs_per_step) = _pooled_rates(runs["fair"]), _pooled_rates(runs["fcfs"])
     ratios = {"light_p99_ttft_fair_over_alone": p99["fair"] / p99["alone"] if p99["alone"] else None,
               "light_p99_ttft_fcfs_over_alone": p99["fcfs"] / p99["alone"] if p99["alone"] else None,
               "light_p99_ttft_fair_over_alone_each_repeat": [
                   f[LIGHT]["ttft_ms"]["p99"] / a[LIGHT]["ttft_ms"]["p99"] if a[LIGHT]["ttft_ms"]["p99"] else None
                   for a, f in zip(runs["alone"], runs["fair"], strict=True)],
               "light_requests_pooled": {name: sum(len(r[LIGHT]["ttfts_ms"]) for r in rs) for name, rs in runs.items()},
-              "throughput_fair_over_fcfs": fair["output_tok_s"] / fcfs["output_tok_s"],
-              "output_per_step_fair_over_fcfs": fair["output_tokens_per_step"] / fcfs["output_tokens_per_step"]}
+              "throughput_fair_over_fcfs": fair_tok_s / fcfs_tok_s,
+              "throughput_fair_over_fcfs_each_repeat": [f["output_tok_s"] / c["output_tok_s"]
+                                                        for f, c in zip(runs["fair"], runs["fcfs"], strict=False)],
+              "output_per_step_fair_over_fcfs": fair_per_step / fcfs_per_step}
     return pooled, ratios
 
 
@@ -299,8 +312,7 @@ def main(argv: list[str] | None = None) -> int:
         runs = {"alone": [], "fair": [], "fcfs": []}
         for repeat in range(args.repeats):
             runs["alone"].append(asyncio.run(run(url, plan(repeat, 10, with_heavy=False), keyed=True)))
-            if repeat == 0:
-                runs["fcfs"].append(asyncio.run(run(url, plan(repeat, 11), keyed=False)))
+            runs["fcfs"].append(asyncio.run(run(url, plan(repeat, 11), keyed=False)))
             runs["fair"].append(asyncio.run(run(url, plan(repeat, 12), keyed=True)))
             for name in ("alone", "fcfs", "fair"):
                 if len(runs[name]) == repeat + 1:

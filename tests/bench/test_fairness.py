@@ -7,9 +7,10 @@ from bench.fairness import HEAVY, LIGHT, service_gap, summarize
 from bench.serve import percentiles
 
 
-def run(light_ttfts_ms: list[float], tok_s: float = 100.0, per_step: float = 10.0) -> dict:
+def run(light_ttfts_ms: list[float], tok_s: float = 100.0, per_step: float = 10.0, seconds: float = 100.0) -> dict:
     light = {"ttft_ms": percentiles([ms / 1000 for ms in light_ttfts_ms]), "ttfts_ms": light_ttfts_ms}
-    return {"output_tok_s": tok_s, "output_tokens_per_step": per_step, LIGHT: light, HEAVY: {}}
+    return {"output_tok_s": tok_s, "output_tokens_per_step": per_step, "duration_s": seconds,
+            "steps": tok_s * seconds / per_step, LIGHT: light, HEAVY: {}}
 
 
 def test_p99_is_taken_over_the_pooled_samples_and_each_repeat_keeps_its_own_ratio():
@@ -27,6 +28,18 @@ def test_p99_is_taken_over_the_pooled_samples_and_each_repeat_keeps_its_own_rati
     assert each == pytest.approx([150.0 / (100.0 + 0.81 * 100.0), (120.0 + 0.81 * 280.0) / 100.0])
     assert ratios["throughput_fair_over_fcfs"] == pytest.approx(100.0 / 104.0)
     assert ratios["output_per_step_fair_over_fcfs"] == pytest.approx(10.0 / 10.5)
+
+
+def test_throughput_is_pooled_over_each_kinds_runs_and_kept_per_repeat():
+    # keyed: 9,000 + 8,800 tokens in 200 s over 900 + 1,100 steps; arrival order: 10,000 + 9,900 in 200 s, 1,000 +
+    # 1,000 steps
+    fair = [run([1.0], tok_s=100.0, per_step=10.0, seconds=90.0), run([1.0], tok_s=80.0, per_step=8.0, seconds=110.0)]
+    fcfs = [run([1.0], tok_s=100.0, per_step=10.0), run([1.0], tok_s=99.0, per_step=9.9)]
+    _, ratios = summarize({"alone": [run([1.0]), run([1.0])], "fair": fair, "fcfs": fcfs})
+
+    assert ratios["throughput_fair_over_fcfs"] == pytest.approx(17800.0 / 19900.0)
+    assert ratios["throughput_fair_over_fcfs_each_repeat"] == pytest.approx([1.0, 80.0 / 99.0])
+    assert ratios["output_per_step_fair_over_fcfs"] == pytest.approx((17800.0 / 2000.0) / (19900.0 / 2000.0))
 
 
 def test_alone_and_keyed_runs_must_pair_by_repeat():
