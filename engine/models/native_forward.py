@@ -22,6 +22,7 @@ from bisect import bisect_left
 
 import torch
 
+import kernels
 from kernels.cpu import attention, int8_gemm, program, rms_norm, rotary_kv, silu_mul
 from kernels.cpu import lora as lora_cpu
 from kernels.cpu.program import ProgramError, Step
@@ -87,8 +88,8 @@ class NativeForward:
         """The hidden states [T, hidden] of the step (what ``LlamaForCausalLM.forward`` returns), or None where the
         step is not one a program takes (nothing done then)."""
         num_tokens = input_ids.shape[0]
-        if self.disabled or not 1 <= num_tokens <= self.max_tokens:
-            return None
+        if self.disabled or not 1 <= num_tokens <= self.max_tokens or kernels.backend_for(input_ids.device) != "cpu":
+            return None  # (a forced kernels backend, e.g. the reference one, runs through the modules)
         lora_rows = lora_slots = None
         if batch.token_slots is not None:  # the rows with an adapter in slot order, as the modules' C LoRA takes them
             plan = lora_cpu._plan(batch.token_slots)

@@ -5,6 +5,7 @@ path the replay takes; and the steps it leaves to the modules."""
 import pytest
 import torch
 
+import kernels
 from engine.batch_metadata import BatchMetadata
 from engine.config import ModelConfig
 from engine.models import gemm, native_forward
@@ -175,6 +176,9 @@ def test_steps_a_program_cannot_take_run_the_modules(tiny_llama, monkeypatch):
     ids, batch = _batch([([1], 0, [0])])
     batch.token_slots = torch.tensor([0], dtype=torch.int32)  # a token with an adapter: the modules' LoRA
     assert model.native.forward(ids, batch) is None
+    ids, batch = _batch([([1], 0, [0])])
+    with kernels.use_backend("reference"):  # a forced backend: the modules run it
+        assert model.native.forward(ids, batch) is None
     many = list(range(3, 3 + native_forward.MAX_TOKENS + 1))
     ids, batch = _batch([(many, 0, list(range(NUM_BLOCKS)))])
     assert model.native.forward(ids, batch) is None  # more tokens than the buffers hold
