@@ -199,7 +199,7 @@ def serve(args: argparse.Namespace) -> int:
 
 
 def worker(args: argparse.Namespace) -> int:
-    """Run this node's ranks until node 0 stops them (0); 1 when the rendezvous or the group fails (node 0 gone)."""
+    """Run this node's ranks until node 0 stops them (0); exits 1 when the rendezvous or the group fails."""
     from engine.distributed.worker import NodeSpec, run_node
     from engine.llm_engine import resolve_model_folder
 
@@ -215,7 +215,10 @@ def worker(args: argparse.Namespace) -> int:
         run_node(spec)
     except RuntimeError as exc:  # RendezvousError, or a collective failing: node 0 (or a rank) went away
         logger.error("node %d: %s", args.node_rank, exc)
-        return 1
+        # Out at once, as the keep-alive's exit does: an interpreter teardown with gloo's threads still running
+        # ended in "terminate called without an active exception" (SIGABRT, exit -6) once in a CI run.
+        logging.shutdown()
+        os._exit(1)
     logger.info("node %d: stopped by rank 0", args.node_rank)
     return 0
 
