@@ -125,8 +125,7 @@ class NativeForward:
         if kind == program.ROTARY_QKV and error.status == -2:
             raise IndexError("rotary_qkv: a slot in slot_mapping is past the cache's slots")
         if kind == program.ATTENTION and error.status == -2:
-            raise ValueError("paged_attention: a sequence's queries exceed its context, its context exceeds its "
-                             "block table, or a block id is outside the cache")
+            raise ValueError(attention.METADATA_ERROR)
         # a kernel declined a shape (its compiled limits): the modules run this step, and every later one; the
         # layers before it wrote the same KV the modules write again
         logger.warning("native forward: op %d (kind %d) returned %d; the module path runs from now on", error.index,

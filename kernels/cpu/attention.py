@@ -68,6 +68,9 @@ def _check_shapes(q, k_cache, v_cache, block_tables, seq_lens, query_start_loc) 
                          f"{tuple(query_start_loc.shape)}")
 
 
+# what the C loop's -2 (metadata that breaks the op's contract) is raised as, here and by a recorded program
+METADATA_ERROR = ("paged_attention: a sequence's queries exceed its context, its context exceeds its block table, or "
+                  "a block id is outside the cache")
 _NATIVE_DTYPES = (torch.float32, torch.bfloat16)
 _VARIANTS = {(act, kv): tuple(f"{role}_BF16" for role, dtype in (("ACT", act), ("KV", kv)) if dtype == torch.bfloat16)
              for act in _NATIVE_DTYPES for kv in _NATIVE_DTYPES}
@@ -105,8 +108,7 @@ def _attend_native(library, q, out, k_cache, v_cache, block_tables, seq_lens, qu
         torch.get_num_threads(),
     )
     if status == -2:
-        raise ValueError("paged_attention: a sequence's queries exceed its context, its context exceeds its block "
-                         "table, or a block id is outside the cache")
+        raise ValueError(METADATA_ERROR)
     return status == 0
 
 
