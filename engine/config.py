@@ -13,6 +13,8 @@ _MEMORY = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([KMGT]i?B|B)?\s*$", re.IGNORECASE)
 _UNITS = {"b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
           "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}
 _DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+# int8: kernels.kv_int8's rows (int8 values and a float32 scale per token and kv head), CPU only
+_KV_DTYPES = {**_DTYPES, "int8": torch.int8}
 GEMM_MODES = ("auto", "torch", "onednn", "packed")
 QUANTIZATIONS = (None, "int8")
 MAX_LORA_RANK = 512
@@ -51,7 +53,7 @@ class EngineConfig:
     num_kv_blocks: int | None = None
     enable_prefix_caching: bool = True
     dtype: str = "auto"
-    kv_cache_dtype: str = "auto"  # "auto": the model's dtype
+    kv_cache_dtype: str = "auto"  # "auto": the model's dtype; "int8" (CPU): half of bf16's bytes (kernels.kv_int8)
     gemm: str = "auto"  # "auto": time each GEMM path at start-up (cached on disk); a path name: always that one
     # "int8": decoder projections quantized at load (engine.models.quant); GGUF Q8_0/Q4_x tensors run quantized anyway
     quantization: str | None = None
@@ -104,9 +106,11 @@ class EngineConfig:
             parse_memory(self.kv_cache_memory, "kv_cache_memory")
         if not 0.0 < self.gpu_memory_utilization <= 1.0:
             raise ValueError(f"gpu_memory_utilization must be in (0, 1], got {self.gpu_memory_utilization}")
-        for name in ("dtype", "kv_cache_dtype"):
-            if getattr(self, name) != "auto" and getattr(self, name) not in _DTYPES:
-                raise ValueError(f"{name} must be 'auto' or one of {sorted(_DTYPES)}, got {getattr(self, name)!r}")
+        if self.dtype != "auto" and self.dtype not in _DTYPES:
+            raise ValueError(f"dtype must be 'auto' or one of {sorted(_DTYPES)}, got {self.dtype!r}")
+        if self.kv_cache_dtype != "auto" and self.kv_cache_dtype not in _KV_DTYPES:
+            raise ValueError(f"kv_cache_dtype must be 'auto' or one of {sorted(_KV_DTYPES)}, "
+                             f"got {self.kv_cache_dtype!r}")
         if self.gemm not in GEMM_MODES:
             raise ValueError(f"gemm must be one of {GEMM_MODES}, got {self.gemm!r}")
         if self.quantization not in QUANTIZATIONS:
@@ -189,7 +193,7 @@ class EngineConfig:
     def kv_cache_torch_dtype(self, model_config: "ModelConfig") -> torch.dtype:
         """The KV cache's dtype: the model's unless ``kv_cache_dtype`` says otherwise."""
         if self.kv_cache_dtype != "auto":
-            return _DTYPES[self.kv_cache_dtype]
+            return _KV_DTYPES[self.kv_cache_dtype]
         return self.torch_dtype(model_config)
 
 

@@ -22,6 +22,8 @@ from engine.models.loader import load_model
 from engine.sampler import Sampler, SamplerOutput
 from engine.scheduler import SchedulerOutput
 from engine.spec_decode.verify import verify
+from kernels import kv_int8
+from kernels.cpu import attention
 
 logger = logging.getLogger(__name__)
 
@@ -56,6 +58,10 @@ class ModelRunner:
         if self.device.type == "cuda" and self.kv_cache_dtype != self.dtype:
             raise ValueError(f"kv_cache_dtype {config.kv_cache_dtype} differs from the model's {self.dtype}: only "
                              "the CPU kernels read a KV cache of another dtype")
+        if self.kv_cache_dtype == torch.int8 and not attention.reads_int8_in_c(self.dtype):
+            logger.warning("kv_cache_dtype int8 with a %s model on this CPU: attention dequantizes each sequence's "
+                           "context in torch (slower than the model's dtype); the C loop reads int8 rows with bf16 "
+                           "activations on CPUs with AVX512-BF16", str(self.dtype).removeprefix("torch."))
         self.block_size = config.block_size
         if self.device.type == "cpu":
             keep_freed_memory()
@@ -69,8 +75,9 @@ class ModelRunner:
         if parallel is not None:  # every rank holds the same blocks (of its own heads)
             self.num_blocks = parallel.min_over_ranks(self.num_blocks)
         shape = (2, model_config.num_layers, self.num_blocks, self.block_size, self.num_kv_heads,
-                 model_config.head_dim)
-        # [2, L, blocks, bs, Hkv, D]; on CPU zeroed pages, faulted in as blocks are first written (host_memory)
+                 kv_int8.row_elements(model_config.head_dim, self.kv_cache_dtype))
+        # [2, L, blocks, bs, Hkv, D] (int8: D + 4, kernels.kv_int8); on CPU zeroed pages, faulted in as blocks are
+        # first written (host_memory)
         self.kv_cache = (zeroed(shape, self.kv_cache_dtype) if self.device.type == "cpu"
                          else torch.zeros(shape, dtype=self.kv_cache_dtype, device=self.device))
         self.model.bind_kv_cache(list(self.kv_cache[0]), list(self.kv_cache[1]))
@@ -84,7 +91,8 @@ class ModelRunner:
     @property
     def kv_block_bytes(self) -> int:
         c = self.model_config
-        return 2 * c.num_layers * self.block_size * self.num_kv_heads * c.head_dim * self.kv_cache_dtype.itemsize
+        row = kv_int8.row_elements(c.head_dim, self.kv_cache_dtype)
+        return 2 * c.num_layers * self.block_size * self.num_kv_heads * row * self.kv_cache_dtype.itemsize
 
     def _num_kv_blocks(self, max_model_len: int) -> int:
         if self.config.num_kv_blocks is not None:

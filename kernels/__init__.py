@@ -69,7 +69,8 @@ def paged_attention(
     scale: float,
 ) -> torch.Tensor:  # [num_tokens, num_q_heads, head_dim]
     """Causal attention of each sequence's last ``query_start_loc[i+1]-query_start_loc[i]`` tokens over
-    its whole context, read in place from the paged cache (grouped-query attention allowed)."""
+    its whole context, read in place from the paged cache (grouped-query attention allowed). An int8 cache holds
+    ``kernels.kv_int8``'s rows (last dimension head_dim + 4; CPU backends)."""
     return _impl("paged_attention", q.device)(q, k_cache, v_cache, block_tables, seq_lens, query_start_loc, scale)
 
 
@@ -80,7 +81,8 @@ def write_kv(
     v_cache: torch.Tensor,  # [num_blocks, block_size, num_kv_heads, head_dim]
     slot_mapping: torch.Tensor,  # [num_tokens] int64, block_id * block_size + offset; -1 = skip
 ) -> None:
-    """Scatter this step's new keys and values into their cache slots, in place."""
+    """Scatter this step's new keys and values into their cache slots, in place (quantized into an int8 cache's
+    rows: ``kernels.kv_int8``)."""
     _impl("write_kv", k.device)(k, v, k_cache, v_cache, slot_mapping)
 
 

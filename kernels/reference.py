@@ -5,6 +5,8 @@ Slow on purpose (Python loops over sequences and tokens); never used by the engi
 
 import torch
 
+from kernels import kv_int8
+
 
 def paged_attention(
     q: torch.Tensor,  # [num_tokens, num_q_heads, head_dim]
@@ -15,7 +17,7 @@ def paged_attention(
     query_start_loc: torch.Tensor,  # [num_seqs + 1] int32
     scale: float,
 ) -> torch.Tensor:  # [num_tokens, num_q_heads, head_dim]
-    num_q_heads, block_size, num_kv_heads = q.shape[1], k_cache.shape[1], k_cache.shape[2]
+    num_q_heads, block_size, num_kv_heads = q.shape[1], k_cache.shape[1], k_cache.shape[2]  # caches: int8 too
     group = num_q_heads // num_kv_heads
     out = torch.zeros_like(q)
     for i in range(seq_lens.shape[0]):
@@ -25,8 +27,8 @@ def paged_attention(
             continue
         positions = torch.arange(seq_len)
         blocks = block_tables[i].long()[positions // block_size]
-        keys = k_cache[blocks, positions % block_size].float()  # [seq_len, num_kv_heads, head_dim]
-        values = v_cache[blocks, positions % block_size].float()
+        keys = _rows(k_cache[blocks, positions % block_size])  # [seq_len, num_kv_heads, head_dim] float32
+        values = _rows(v_cache[blocks, positions % block_size])
         keys = keys.repeat_interleave(group, dim=1)  # [seq_len, num_q_heads, head_dim]
         values = values.repeat_interleave(group, dim=1)
         for j in range(num_queries):
@@ -49,8 +51,12 @@ def write_kv(
         slot = int(slot_mapping[t])
         if slot < 0:
             continue
-        k_cache[slot // block_size, slot % block_size] = k[t]
-        v_cache[slot // block_size, slot % block_size] = v[t]
+        k_cache[slot // block_size, slot % block_size] = kv_int8.quantize(k[t]) if kv_int8.is_int8(k_cache) else k[t]
+        v_cache[slot // block_size, slot % block_size] = kv_int8.quantize(v[t]) if kv_int8.is_int8(v_cache) else v[t]
+
+
+def _rows(cached: torch.Tensor) -> torch.Tensor:  # a cache's rows as float32 values (kernels.kv_int8 for int8)
+    return kv_int8.dequantize(cached) if kv_int8.is_int8(cached) else cached.float()
 
 
 def lora_shrink(

@@ -155,7 +155,7 @@ class NativeForward:
         for i, layer in enumerate(model.layers):
             attn, mlp = layer.self_attn, layer.mlp
             kv_dtype = attn.k_cache.dtype
-            rotary = rotary_kv._library(dtype, kv_dtype) if kv_dtype in (torch.float32, torch.bfloat16) else None
+            rotary = rotary_kv._library(dtype, kv_dtype) if (dtype, kv_dtype) in rotary_kv._VARIANTS else None
             paged = attention._native_library(self.q.view(-1, attn.num_heads, attn.head_dim), attn.k_cache,
                                               attn.v_cache)
             if rotary is None or paged is None:

@@ -43,7 +43,8 @@ def build_parser() -> argparse.ArgumentParser:
     engine.add_argument("--dtype", default="auto", choices=DTYPE_CHOICES,
                         help="auto: bf16 on CPUs with native bf16 dot products (AVX-512 BF16, AMX) and on CUDA, "
                              "else fp32")
-    engine.add_argument("--kv-cache-dtype", default="auto", choices=DTYPE_CHOICES, help="auto: the model's dtype")
+    engine.add_argument("--kv-cache-dtype", default="auto", choices=(*DTYPE_CHOICES, "int8"),
+                        help="auto: the model's dtype; int8 (CPU): int8 values with a scale per token and head")
     engine.add_argument("--gemm", default="auto", choices=GEMM_MODES,
                         help="auto: time each GEMM path at start-up and use the fastest per shape and batch size "
                              "(cached on disk); else always that path")

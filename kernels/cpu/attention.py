@@ -6,7 +6,8 @@ the loop also beats torch's SDPA with an offset causal mask (2-3x on 2 cores, me
 each be float32 or bfloat16 (a build per pair; float32 arithmetic). In bf16 the dot products run on vdpbf16ps where
 the CPU has AVX512-BF16, and prefill (a sequence's 8 or more queries in a step) on AMX tiles where it has AMX-BF16
 (3.6x the vdpbf16ps loop on 157-token prompts; torch's SDPA in bf16 ran at a sixth of it). Without a C compiler, or
-for other dtypes (float16), each sequence gathers its context and calls SDPA.
+for other dtypes (float16), each sequence gathers its context and calls SDPA. An int8 cache (``kernels.kv_int8``) is
+read in C beside bf16 q where the CPU has AVX512-BF16, and dequantized for SDPA elsewhere.
 """
 
 import ctypes
@@ -14,6 +15,7 @@ import ctypes
 import torch
 import torch.nn.functional as F
 
+from kernels import kv_int8
 from kernels.cpu import native, rotary_kv
 
 
@@ -30,8 +32,10 @@ def write_kv(
     if bool((slots < 0).any()):
         keep = slots >= 0
         k, v, slots = k[keep], v[keep], slots[keep]
-    k_cache.view(-1, *k_cache.shape[2:]).index_copy_(0, slots, k.to(k_cache.dtype))
-    v_cache.view(-1, *v_cache.shape[2:]).index_copy_(0, slots, v.to(v_cache.dtype))
+    k = kv_int8.quantize(k) if kv_int8.is_int8(k_cache) else k.to(k_cache.dtype)
+    v = kv_int8.quantize(v) if kv_int8.is_int8(v_cache) else v.to(v_cache.dtype)
+    k_cache.view(-1, *k_cache.shape[2:]).index_copy_(0, slots, k)
+    v_cache.view(-1, *v_cache.shape[2:]).index_copy_(0, slots, v)
 
 
 def paged_attention(
@@ -59,7 +63,7 @@ def _check_shapes(q, k_cache, v_cache, block_tables, seq_lens, query_start_loc) 
     if q.dim() != 3 or k_cache.dim() != 4 or k_cache.shape != v_cache.shape:
         raise ValueError(f"paged_attention: q {tuple(q.shape)} must be [T, Hq, D] and both caches "
                          f"[blocks, block_size, Hkv, D], got {tuple(k_cache.shape)} and {tuple(v_cache.shape)}")
-    if q.shape[2] != k_cache.shape[3] or q.shape[1] % k_cache.shape[2]:
+    if q.shape[2] != kv_int8.head_dim_of(k_cache) or q.shape[1] % k_cache.shape[2] or k_cache.dtype != v_cache.dtype:
         raise ValueError(f"paged_attention: q heads/dim {tuple(q.shape[1:])} do not fit cache {tuple(k_cache.shape)}")
     num_seqs = seq_lens.shape[0]
     if block_tables.dim() != 2 or block_tables.shape[0] != num_seqs or query_start_loc.shape[0] != num_seqs + 1:
@@ -74,6 +78,17 @@ METADATA_ERROR = ("paged_attention: a sequence's queries exceed its context, its
 _NATIVE_DTYPES = (torch.float32, torch.bfloat16)
 _VARIANTS = {(act, kv): tuple(f"{role}_BF16" for role, dtype in (("ACT", act), ("KV", kv)) if dtype == torch.bfloat16)
              for act in _NATIVE_DTYPES for kv in _NATIVE_DTYPES}
+# an int8 cache (kernels.kv_int8) is read in C by bf16 q on CPUs with AVX512-BF16 (the build returns -1 elsewhere)
+_VARIANTS[torch.bfloat16, torch.int8] = ("ACT_BF16", "KV_INT8")
+
+
+def reads_int8_in_c(act_dtype: torch.dtype) -> bool:
+    """Whether the C loop reads an int8 cache (``kernels.kv_int8``) beside activations of ``act_dtype``: bf16 on a
+    CPU with AVX512-BF16 (head_dim a multiple of 32); elsewhere each sequence's context is dequantized for SDPA."""
+    if act_dtype != torch.bfloat16:
+        return False
+    library = native.load("paged_attention", _VARIANTS[torch.bfloat16, torch.int8])
+    return library is not None and bool(library.paged_attention_bf16_dots())
 
 
 def _int32(x: torch.Tensor) -> torch.Tensor:
@@ -81,7 +96,7 @@ def _int32(x: torch.Tensor) -> torch.Tensor:
 
 
 def _native_library(q, k_cache, v_cache):
-    if q.dtype not in _NATIVE_DTYPES or k_cache.dtype not in _NATIVE_DTYPES or k_cache.dtype != v_cache.dtype:
+    if (q.dtype, k_cache.dtype) not in _VARIANTS or k_cache.dtype != v_cache.dtype:
         return None
     if not (k_cache.is_contiguous() and v_cache.is_contiguous()):
         return None
@@ -94,6 +109,8 @@ def _native_library(q, k_cache, v_cache):
             + [ctypes.c_int64] * 5 + [ctypes.c_float, ctypes.c_int64]
         )
         library._typed = True
+    if library is not None and k_cache.dtype == torch.int8 and not library.paged_attention_bf16_dots():
+        return None  # the int8 build reads its rows only where it has the vdpbf16ps path
     return library
 
 
@@ -140,8 +157,10 @@ def _attend_sdpa(
 ) -> torch.Tensor:  # [num_queries, num_q_heads, head_dim]
     block_size, num_queries = k_cache.shape[1], q.shape[0]
     blocks = block_table[: (seq_len + block_size - 1) // block_size].long()
-    keys = k_cache[blocks].flatten(0, 1)[:seq_len].transpose(0, 1).to(q.dtype)  # [Hkv, seq_len, D]
-    values = v_cache[blocks].flatten(0, 1)[:seq_len].transpose(0, 1).to(q.dtype)
+    keys, values = k_cache[blocks].flatten(0, 1)[:seq_len], v_cache[blocks].flatten(0, 1)[:seq_len]
+    if kv_int8.is_int8(k_cache):
+        keys, values = kv_int8.dequantize(keys), kv_int8.dequantize(values)
+    keys, values = keys.transpose(0, 1).to(q.dtype), values.transpose(0, 1).to(q.dtype)  # [Hkv, seq_len, D]
     mask = None
     if num_queries > 1:  # query j sits at position seq_len - num_queries + j
         positions = torch.arange(seq_len - num_queries, seq_len, device=q.device)

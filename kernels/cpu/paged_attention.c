@@ -152,7 +152,9 @@ static inline float softmax_block(float *s, int64_t n, float *row_max, float *ro
  * or into L1, no better). */
 static inline void prefetch_slice(const kv_t *k, const kv_t *v, int64_t tokens, int64_t stride, int64_t span,
                                   int64_t part, int64_t parts) {
-    const int64_t line = 64 / sizeof(kv_t), per_row = (span + line - 1) / line, lines = tokens * per_row;
+    /* int8 rows (head_dim + 4 bytes) start anywhere in a line: one more line covers the row's end */
+    const int64_t line = 64 / sizeof(kv_t), per_row = (span + line - 1) / line + (sizeof(kv_t) == 1);
+    const int64_t lines = tokens * per_row;
     for (int64_t i = lines * part / parts; i < lines * (part + 1) / parts; ++i) {
         const int64_t at = (i / per_row) * stride + (i % per_row) * line;
         __builtin_prefetch(k + at, 0, 1);
@@ -170,7 +172,10 @@ static inline void prefetch_step(const Args *args, const int32_t *table, int64_t
         run = block_size - t % block_size;
         if (run > end - t) run = end - t;
         const int64_t at = (int64_t)table[t / block_size] * block_stride + (t % block_size) * stride + first;
-        prefetch_slice(args->k_cache + at, args->v_cache + at, run, stride, span, part, parts);
+        if (span == stride) /* whole rows: the run is one range */
+            prefetch_slice(args->k_cache + at, args->v_cache + at, 1, 0, run * span, part, parts);
+        else
+            prefetch_slice(args->k_cache + at, args->v_cache + at, run, stride, span, part, parts);
     }
 }
 
@@ -252,11 +257,13 @@ static inline void copy_step(const Args *args, const kv_t *cache, const int32_t 
         }                                                                                                \
     }
 
+#ifndef KV_INT8 /* int8 rows are read by tile_dp alone */
 TILE(8)  /* head_dim 64 */
 TILE(16) /* head_dim 128 */
 TILE(0)  /* any other multiple of 8 up to 256 */
+#endif
 
-#if defined(ACT_BF16) && defined(KV_BF16) && defined(__AVX512BF16__) && defined(__AVX512BW__)
+#if defined(ACT_BF16) && (defined(KV_BF16) || defined(KV_INT8)) && defined(__AVX512BF16__) && defined(__AVX512BW__)
 /* bf16 q and KV on a CPU with AVX512-BF16: vdpbf16ps multiplies 32 bf16 pairs and adds them into 16 float32 sums in
  * one instruction, where the loop above widens every element, then multiplies and adds it (4 uops per 8 values).
  * Decode attention from the L3 spent as long computing as reading memory (0.53 and 0.49 ms a layer, SmolLM2,
@@ -298,9 +305,10 @@ static inline __mmask16 first_lanes(int64_t k) { return k >= 16 ? 0xffff : k <= 
 
 /* Online softmax of one row over its scores s[0..n) in 16-lane steps (the 8-lane softmax_block, with its scalar
  * reductions, was a quarter of decode attention); P goes out as the bf16 high part and the bf16 of the rest, by key
- * pairs, zero past n up to a multiple of 32 keys. Returns the correction of the row's earlier sums. */
+ * pairs, zero past n up to a multiple of 32 keys; times each key's V scale where v_scales is not NULL (int8 KV).
+ * Returns the correction of the row's earlier sums. */
 static inline float softmax_split(const float *s, int64_t n, float *row_max, float *row_sum, uint32_t *high,
-                                  uint32_t *low) {
+                                  uint32_t *low, const float *v_scales) {
     __m512 m = _mm512_set1_ps(*row_max);
     for (int64_t t = 0; t < n; t += 16) m = _mm512_mask_max_ps(m, first_lanes(n - t), m, _mm512_loadu_ps(s + t));
     const float block_max = _mm512_reduce_max_ps(m);
@@ -311,9 +319,13 @@ static inline float softmax_split(const float *s, int64_t n, float *row_max, flo
         const __mmask16 m0 = first_lanes(n - t), m1 = first_lanes(n - t - 16);
         const __m512 x0 = _mm512_maskz_sub_ps(m0, _mm512_maskz_loadu_ps(m0, s + t), mx);
         const __m512 x1 = _mm512_maskz_sub_ps(m1, _mm512_maskz_loadu_ps(m1, s + t + 16), mx);
-        const __m512 p0 = _mm512_maskz_mov_ps(m0, (__m512)vexp16((vf16)x0));
-        const __m512 p1 = _mm512_maskz_mov_ps(m1, (__m512)vexp16((vf16)x1));
+        __m512 p0 = _mm512_maskz_mov_ps(m0, (__m512)vexp16((vf16)x0));
+        __m512 p1 = _mm512_maskz_mov_ps(m1, (__m512)vexp16((vf16)x1));
         sum = _mm512_add_ps(sum, _mm512_add_ps(p0, p1));
+        if (v_scales != NULL) { /* int8 V: each key's scale goes into its p (the sum stays p's) */
+            p0 = _mm512_mul_ps(p0, _mm512_maskz_loadu_ps(m0, v_scales + t));
+            p1 = _mm512_mul_ps(p1, _mm512_maskz_loadu_ps(m1, v_scales + t + 16));
+        }
         const __m512 h0 = _mm512_castsi512_ps(_mm512_and_si512(_mm512_castps_si512(p0), top));
         const __m512 h1 = _mm512_castsi512_ps(_mm512_and_si512(_mm512_castps_si512(p1), top));
         _mm512_storeu_si512(high + t / 2, (__m512i)_mm512_cvtne2ps_pbh(h1, h0));
@@ -340,6 +352,60 @@ static inline void interleave_pair(bf16 *out, const bf16 *v0, const bf16 *v1, in
     }
 }
 
+#ifdef KV_INT8
+#define KV_Q 1
+#define KV_ROW(head_dim) ((head_dim) + KV_SCALE_BYTES)
+#define KV_SCALES 768 /* an item's scales of one step: heads x step rounded up to 16 (<= 256 + 15 x MAX_ROWS) */
+
+/* n int8 values (a multiple of 32) to bf16, exactly (|v| <= 127 has 7 significant bits). */
+static inline void int8_to_bf16(bf16 *out, const int8_t *in, int64_t n) {
+    for (int64_t d = 0; d < n; d += 32) {
+        const __m512 a = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(in + d))));
+        const __m512 b = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(in + d + 16))));
+        _mm512_storeu_si512(out + d, (__m512i)_mm512_cvtne2ps_pbh(b, a));
+    }
+}
+
+/* The int8 build's copy of a step (kernels/kv_int8.py's rows): the n keys' K values to kbuf and V's to vbuf by key
+ * pairs, laid out as the bf16 build's copy lays them out, as bf16 integers; each row's scale to
+ * k_scales/v_scales[kh * scale_stride + t], for the scores and for P. The values stay integers, so the products
+ * are exact and the scales are applied in float32 (the bf16 of value x scale would round each value again). */
+static inline void dequantize_step(const Args *args, const int32_t *table, int64_t pos, int64_t n, int64_t first,
+                                   int64_t heads, int64_t head_dim, int64_t row_stride, int64_t scale_stride,
+                                   bf16 *kbuf, bf16 *vbuf, float *k_scales, float *v_scales) {
+    const int64_t row = KV_ROW(head_dim), span = heads * head_dim;
+    const int64_t block_size = args->block_size, block_stride = block_size * row_stride;
+    bf16 v0[MAX_VECS * LANES], v1[MAX_VECS * LANES];
+    for (int64_t t = 0; t < n; t += 2) {
+        const int64_t at0 = (int64_t)table[(pos + t) / block_size] * block_stride +
+                            ((pos + t) % block_size) * row_stride + first;
+        const int64_t at1 = t + 1 < n ? (int64_t)table[(pos + t + 1) / block_size] * block_stride +
+                                            ((pos + t + 1) % block_size) * row_stride + first
+                                      : -1;
+        for (int64_t kh = 0; kh < heads; ++kh) {
+            const int8_t *k0 = args->k_cache + at0 + kh * row, *x0 = args->v_cache + at0 + kh * row;
+            int8_to_bf16(kbuf + t * span + kh * head_dim, k0, head_dim);
+            int8_to_bf16(v0, x0, head_dim);
+            memcpy(k_scales + kh * scale_stride + t, k0 + head_dim, sizeof(float));
+            memcpy(v_scales + kh * scale_stride + t, x0 + head_dim, sizeof(float));
+            if (at1 >= 0) {
+                const int8_t *k1 = args->k_cache + at1 + kh * row, *x1 = args->v_cache + at1 + kh * row;
+                int8_to_bf16(kbuf + (t + 1) * span + kh * head_dim, k1, head_dim);
+                int8_to_bf16(v1, x1, head_dim);
+                memcpy(k_scales + kh * scale_stride + t + 1, k1 + head_dim, sizeof(float));
+                memcpy(v_scales + kh * scale_stride + t + 1, x1 + head_dim, sizeof(float));
+            }
+            interleave_pair(vbuf + t * span + 2 * kh * head_dim, v0, at1 >= 0 ? v1 : NULL, head_dim);
+        }
+    }
+}
+#else
+#define KV_Q 0
+#define KV_ROW(head_dim) (head_dim)
+#define KV_SCALES 1
+#define dequantize_step(...) ((void)0)
+#endif
+
 /* Where the item's span of position p starts in the caches. */
 #define KV_AT(p) ((int64_t)block_table[(p) / block_size] * block_stride + ((p) % block_size) * row_stride + first)
 
@@ -358,14 +424,17 @@ static inline void interleave_pair(bf16 *out, const bf16 *v0, const bf16 *v1, in
         const int64_t heads = item.num_kv_heads * group;                                                 \
         const int64_t rows = item.num_queries * heads;                                                   \
         if (rows <= 0) return;                                                                           \
-        const int64_t row_stride = args->num_kv_heads * head_dim, block_size = args->block_size;         \
-        const int64_t block_stride = block_size * row_stride;                                            \
+        const int64_t kv_row = KV_ROW(head_dim), row_stride = args->num_kv_heads * kv_row;               \
+        const int64_t block_size = args->block_size, block_stride = block_size * row_stride;             \
         const int64_t seq_len = args->seq_lens[item.seq], token0 = args->query_start_loc[item.seq];      \
         const int64_t num_queries = args->query_start_loc[item.seq + 1] - token0;                        \
         const int32_t *block_table = args->block_tables + item.seq * args->max_blocks;                   \
-        const int64_t span = item.num_kv_heads * head_dim, first = item.first_kv_head * head_dim;        \
+        const int64_t span = item.num_kv_heads * head_dim, first = item.first_kv_head * kv_row;          \
+        const int64_t kv_span = item.num_kv_heads * kv_row; /* the span's elements in the caches */     \
         int64_t step = COPY_ELEMENTS / span; /* keys a step: what the buffers hold, in whole 32s if it can */ \
         step = step > DP_STEP ? DP_STEP : step >= 32 ? step / 32 * 32 : step > 0 ? step : 1;            \
+        const int64_t scale_stride = (step + 15) / 16 * 16;                                              \
+        float k_scales[KV_SCALES], v_scales[KV_SCALES]; /* int8 rows' scales: [kv head][key] */         \
         float acc[MAX_ROWS][NZ > 0 ? NZ * 32 : MAX_VECS * LANES];                                        \
         float scores[DP_STEP + 2 * DP_KEYS];                                                             \
         uint32_t high[DP_STEP / 2 + DP_KEYS], low[DP_STEP / 2 + DP_KEYS];                                \
@@ -382,17 +451,22 @@ static inline void interleave_pair(bf16 *out, const bf16 *v0, const bf16 *v1, in
             const int64_t n = tile_last - pos + 1 < step ? tile_last - pos + 1 : step;                   \
             const int64_t next = pos + step <= tile_last ? pos + step : -1;                              \
             int64_t part = 0; /* rows of this step so far: each fetches its slice of the next step */    \
-            copy_step(args, args->k_cache, block_table, pos, n, first, span, row_stride, kbuf);           \
-            for (int64_t t = 0; t < n; t += 2)                                                           \
-                interleave_pair(vbuf + t * span, args->v_cache + KV_AT(pos + t),                         \
-                                t + 1 < n ? args->v_cache + KV_AT(pos + t + 1) : NULL, span);            \
+            if (KV_Q) {                                                                                  \
+                dequantize_step(args, block_table, pos, n, first, item.num_kv_heads, head_dim, row_stride, \
+                                scale_stride, kbuf, vbuf, k_scales, v_scales);                           \
+            } else {                                                                                     \
+                copy_step(args, args->k_cache, block_table, pos, n, first, span, row_stride, (kv_t *)kbuf); \
+                for (int64_t t = 0; t < n; t += 2)                                                       \
+                    interleave_pair(vbuf + t * span, (const bf16 *)(args->v_cache + KV_AT(pos + t)),     \
+                                    t + 1 < n ? (const bf16 *)(args->v_cache + KV_AT(pos + t + 1)) : NULL, span); \
+            }                                                                                            \
             for (int64_t kh = 0; kh < item.num_kv_heads; ++kh) {                                         \
                 const bf16 *kh_keys = kbuf + kh * head_dim, *kh_values = vbuf + 2 * kh * head_dim;      \
                 for (int64_t jq = 0; jq < item.num_queries; ++jq)                                        \
                     for (int64_t g = 0; g < group; ++g) {                                                \
                         const int64_t r = jq * heads + kh * group + g;                                   \
                         if (next >= 0) /* the row's slice of each block of the next step */              \
-                            prefetch_step(args, block_table, next, tile_last, first, span, row_stride, step, part, \
+                            prefetch_step(args, block_table, next, tile_last, first, kv_span, row_stride, step, part, \
                                           rows);                                                         \
                         ++part;                                                                          \
                         int64_t seen = last_pos[r] - pos + 1;                                            \
@@ -411,9 +485,14 @@ static inline void interleave_pair(bf16 *out, const bf16 *v0, const bf16 *v1, in
                                         a[j] = _mm512_dpbf16_ps(a[j], qv[i], (__m512bh)_mm512_loadu_si512( \
                                                                    kh_keys + (t0 + j) * span + 32 * i)); \
                             }                                                                            \
-                            _mm512_storeu_ps(scores + t0, _mm512_mul_ps(hsum16(a), _mm512_set1_ps(args->scale))); \
+                            __m512 dots = _mm512_mul_ps(hsum16(a), _mm512_set1_ps(args->scale));         \
+                            if (KV_Q) /* int8 K: each key's scale */                                     \
+                                dots = _mm512_mul_ps(dots, _mm512_maskz_loadu_ps(                        \
+                                    first_lanes(seen - t0), k_scales + kh * scale_stride + t0));          \
+                            _mm512_storeu_ps(scores + t0, dots);                                         \
                         }                                                                                \
-                        const float correction = softmax_split(scores, seen, &row_max[r], &row_sum[r], high, low); \
+                        const float correction = softmax_split(scores, seen, &row_max[r], &row_sum[r], high, low, \
+                                                               KV_Q ? v_scales + kh * scale_stride : NULL); \
                         __m512 o[NZ > 0 ? 2 * NZ : MAX_VECS * LANES / 16];                               \
                         __m512 o2[NZ > 0 ? 2 * NZ : MAX_VECS * LANES / 16];                              \
                         for (int64_t i = 0; i < 2 * nz; ++i) o[i] = _mm512_setzero_ps(), o2[i] = o[i];   \
@@ -450,7 +529,7 @@ TILE_DP(0) /* any other multiple of 32 up to 256 */
 #define HAVE_DP 0
 #endif
 
-#if HAVE_DP && defined(__AMX_TILE__) && defined(__AMX_BF16__) && defined(__linux__)
+#if HAVE_DP && !defined(KV_INT8) && defined(__AMX_TILE__) && defined(__AMX_BF16__) && defined(__linux__)
 /* Prefill on a CPU with AMX: a work item holds one kv head and up to AMX_ROWS rows (its queries x the group's q heads),
  * walked as tiles of 16 rows against 32 keys at a time. Q.K^T and P.V are tile products (tdpbf16ps: a 16 x 16 x 32
  * product in one instruction); the online softmax runs on AVX-512 between them, in float32, and P.V takes P as a bf16
@@ -634,6 +713,9 @@ int paged_attention(const act_t *q, act_t *out, const kv_t *k_cache, const kv_t 
     const int64_t group = num_q_heads / num_kv_heads;
     if (group > MAX_ROWS || head_dim % LANES || head_dim > MAX_VECS * LANES || block_size > MAX_BLOCK_SIZE)
         return -1;
+#ifdef KV_INT8
+    if (!HAVE_DP || head_dim % 32) return -1; /* int8 rows: tile_dp's shapes only */
+#endif
     if (!valid_metadata(block_tables, max_blocks, seq_lens, query_start_loc, seq_ids, num_seq_ids, num_blocks,
                         block_size))
         return -2;
@@ -680,6 +762,9 @@ int paged_attention(const act_t *q, act_t *out, const kv_t *k_cache, const kv_t 
         }
     }
     const int64_t nv = head_dim / LANES;
+#ifdef KV_INT8
+    (void)nv;
+#endif
     /* One at a time, largest first: the thread that takes the last item finishes soon after the other. Decode of 64
      * sequences of 16-384 tokens (2-core AMD EPYC Zen 5, C harness): 0.484 -> 0.454 ms a layer from memory, 0.330 ->
      * 0.311 from the L3, one at a time against sequence order handed out in fours (in fours, a step of one sequence,
@@ -705,12 +790,14 @@ int paged_attention(const act_t *q, act_t *out, const kv_t *k_cache, const kv_t 
             continue;
         }
 #endif
+#ifndef KV_INT8
         if (nv == 8)
             tile_8(&args, items[i], nv);
         else if (nv == 16)
             tile_16(&args, items[i], nv);
         else
             tile_0(&args, items[i], nv);
+#endif
     }
     free(items);
     return 0;

@@ -8,6 +8,7 @@
  * vec8.h; stores to bfloat16 round to nearest even in software, as torch does (NaN -> 0x7fc0), never through
  * vcvtneps2bf16, which flushes denormals.
  */
+#include <math.h>
 #include <stdint.h>
 #include <string.h>
 
@@ -21,7 +22,9 @@
 #define FLOAT_TO_ACT(x) (x)
 #endif
 
-#ifdef KV_BF16
+#ifdef KV_INT8
+/* rows quantized by store_row below */
+#elif defined(KV_BF16)
 #define ACT_TO_KV(x) float_to_bf16(ACT_TO_FLOAT(x))
 #elif defined(ACT_BF16)
 #define ACT_TO_KV(x) bf16_to_float(x)
@@ -50,19 +53,49 @@ void rotary(const act_t *x, int64_t token_stride, int64_t num_tokens, int64_t nu
     }
 }
 
-/* k_cache[slot[t]] = k[t], v_cache[slot[t]] = v[t] (row_size = kv heads x head_dim elements each) for every token
- * whose slot is >= 0. Returns 0, or -2 without writing anything if a slot is past the cache's num_slots. */
+#ifdef KV_INT8
+#define KV_ROW(head_dim) ((head_dim) + KV_SCALE_BYTES)
+
+/* One head's values to kernels/kv_int8.py's row: round(x / scale) (to nearest even) clamped to +-127, scale =
+ * max |x| / 127, then the scale's bytes; the float ops of kv_int8.quantize, so the rows are the same bit for bit. */
+static void store_row(kv_t *out, const act_t *x, int64_t head_dim) {
+    float amax = 0.0f;
+    for (int64_t i = 0; i < head_dim; ++i) {
+        const float a = fabsf(ACT_TO_FLOAT(x[i]));
+        amax = a > amax ? a : amax;
+    }
+    const float scale = amax / 127.0f;
+    for (int64_t i = 0; i < head_dim; ++i) {
+        float q = scale > 0.0f ? rintf(ACT_TO_FLOAT(x[i]) / scale) : 0.0f;
+        q = q > 127.0f ? 127.0f : q < -127.0f ? -127.0f : q;
+        out[i] = (kv_t)q;
+    }
+    memcpy(out + head_dim, &scale, sizeof scale);
+}
+#else
+#define KV_ROW(head_dim) (head_dim)
+
+static void store_row(kv_t *out, const act_t *x, int64_t head_dim) {
+    for (int64_t i = 0; i < head_dim; ++i) out[i] = ACT_TO_KV(x[i]);
+}
+#endif
+
+/* k_cache[slot[t]] = k[t], v_cache[slot[t]] = v[t] (num_kv_heads rows of head_dim each; KV_ROW(head_dim) elements
+ * each in the caches) for every token whose slot is >= 0. Returns 0, or -2 without writing anything if a slot is
+ * past the cache's num_slots. */
 int write_kv(const act_t *k, int64_t k_stride, const act_t *v, int64_t v_stride, int64_t num_tokens,
-             int64_t row_size, const int64_t *slots, kv_t *k_cache, kv_t *v_cache, int64_t num_slots) {
+             int64_t num_kv_heads, int64_t head_dim, const int64_t *slots, kv_t *k_cache, kv_t *v_cache,
+             int64_t num_slots) {
     for (int64_t t = 0; t < num_tokens; ++t)
         if (slots[t] >= num_slots) return -2;
+    const int64_t row = KV_ROW(head_dim), slot_size = num_kv_heads * row;
     for (int64_t t = 0; t < num_tokens; ++t) {
         if (slots[t] < 0) continue;
         const act_t *kt = k + t * k_stride, *vt = v + t * v_stride;
-        kv_t *kc = k_cache + slots[t] * row_size, *vc = v_cache + slots[t] * row_size;
-        for (int64_t i = 0; i < row_size; ++i) {
-            kc[i] = ACT_TO_KV(kt[i]);
-            vc[i] = ACT_TO_KV(vt[i]);
+        kv_t *kc = k_cache + slots[t] * slot_size, *vc = v_cache + slots[t] * slot_size;
+        for (int64_t h = 0; h < num_kv_heads; ++h) {
+            store_row(kc + h * row, kt + h * head_dim, head_dim);
+            store_row(vc + h * row, vt + h * head_dim, head_dim);
         }
     }
     return 0;
@@ -88,7 +121,8 @@ int rotary_qkv(const act_t *qkv, int64_t token_stride, int64_t num_tokens, int64
         act_t k[row_size];
         const act_t *row = qkv + t * token_stride + num_q_heads * head_dim; /* this token's k heads, then its v */
         rotary(row, row_size, 1, num_kv_heads, head_dim, cos + t * half, sin + t * half, k);
-        write_kv(k, row_size, row + row_size, row_size, 1, row_size, slots + t, k_cache, v_cache, num_slots);
+        write_kv(k, row_size, row + row_size, row_size, 1, num_kv_heads, head_dim, slots + t, k_cache, v_cache,
+                 num_slots);
     }
     return 0;
 }

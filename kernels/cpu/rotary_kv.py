@@ -1,4 +1,5 @@
-"""The C rotary embedding and KV cache write of ``rotary_kv.c``, for float32 and bfloat16 tensors on CPU.
+"""The C rotary embedding and KV cache write of ``rotary_kv.c``, for float32 and bfloat16 tensors on CPU (and int8
+KV caches, ``kernels.kv_int8``: rows quantized as they are written).
 
 Each returns None (rotary, rotary_qkv) or False (write_kv) where the C build is missing or a tensor's dtype or layout
 is not one it reads, and the caller runs its torch formulas: the results are the same bit for bit either way
@@ -9,6 +10,7 @@ import ctypes
 
 import torch
 
+from kernels import kv_int8
 from kernels.cpu import native
 
 _TYPES = (torch.float32, torch.bfloat16)
@@ -19,18 +21,21 @@ _VARIANTS = {
     for act in _TYPES
     for kv in _TYPES
 }
+for _act in _TYPES:  # int8 caches (kernels.kv_int8): rows quantized as they are written
+    _VARIANTS[_act, torch.int8] = (*_VARIANTS[_act, torch.float32], "KV_INT8")
+_KV_TYPES = (*_TYPES, torch.int8)
 
 
 def _library(act: torch.dtype, kv: torch.dtype):
-    """The build for activations ``act`` and a KV cache ``kv`` (both float32 or bfloat16), typed on first use.
-    ``native.load`` caches it (and says None while native kernels are off)."""
+    """The build for activations ``act`` (float32 or bfloat16) and a KV cache ``kv`` (those or int8), typed on first
+    use. ``native.load`` caches it (and says None while native kernels are off)."""
     variant = _VARIANTS[act, kv]
     library = native.load("rotary_kv", variant)
     if library is not None and not getattr(library, "_typed", False):
         library.rotary.restype = None
         library.rotary.argtypes = [_P, _I, _I, _I, _I, _P, _P, _P]
         library.write_kv.restype = ctypes.c_int
-        library.write_kv.argtypes = [_P, _I, _P, _I, _I, _I, _P, _P, _P, _I]
+        library.write_kv.argtypes = [_P, _I, _P, _I, _I, _I, _I, _P, _P, _P, _I]
         library.rotary_qkv.restype = ctypes.c_int
         library.rotary_qkv.argtypes = [_P, _I, _I, _I, _I, _I, _P, _P, _P, _P, _P, _P, _I, _I]
         library._typed = True
@@ -72,10 +77,10 @@ def write_kv(
     if (
         k.dtype not in _TYPES
         or v.dtype != k.dtype
-        or k_cache.dtype not in _TYPES
+        or k_cache.dtype not in _KV_TYPES
         or v_cache.dtype != k_cache.dtype
         or v.shape != k.shape
-        or k_cache.shape[2:] != rows
+        or k_cache.shape[2:] != (rows[0], kv_int8.row_elements(rows[1], k_cache.dtype))
         or v_cache.shape != k_cache.shape
         or k.stride()[1:] != (rows[1], 1)
         or v.stride()[1:] != (rows[1], 1)
@@ -95,7 +100,8 @@ def write_kv(
         v.data_ptr(),
         v.stride(0),
         k.shape[0],
-        k.shape[1] * k.shape[2],
+        k.shape[1],
+        k.shape[2],
         slot_mapping.data_ptr(),
         k_cache.data_ptr(),
         v_cache.data_ptr(),
@@ -114,7 +120,7 @@ def rotary_qkv(qkv: torch.Tensor, num_q_heads: int, num_kv_heads: int, head_dim:
     then :func:`write_kv`; None (nothing written) where it does not apply. IndexError for a slot past the cache.
 
     qkv: [T, (Hq + 2 Hkv) * D] with unit stride along the row; cos, sin: [T, 1, D // 2] float32 rows; the caches
-    [blocks, block_size, Hkv, D], contiguous; slot_mapping [T] int64."""
+    [blocks, block_size, Hkv, D] (int8: D + 4, ``kernels.kv_int8``), contiguous; slot_mapping [T] int64."""
     num_tokens = qkv.shape[0]
     if (
         qkv.dtype not in _TYPES
@@ -122,9 +128,9 @@ def rotary_qkv(qkv: torch.Tensor, num_q_heads: int, num_kv_heads: int, head_dim:
         or qkv.stride(1) != 1
         or qkv.shape[1] != (num_q_heads + 2 * num_kv_heads) * head_dim
         or not _are_tables(cos, sin, num_tokens, head_dim)
-        or k_cache.dtype not in _TYPES
+        or k_cache.dtype not in _KV_TYPES
         or v_cache.dtype != k_cache.dtype
-        or k_cache.shape[2:] != (num_kv_heads, head_dim)
+        or k_cache.shape[2:] != (num_kv_heads, kv_int8.row_elements(head_dim, k_cache.dtype))
         or v_cache.shape != k_cache.shape
         or not (k_cache.is_contiguous() and v_cache.is_contiguous())
         or slot_mapping.dtype != torch.int64

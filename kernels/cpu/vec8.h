@@ -3,8 +3,8 @@
  * kernel's .c file; native.py builds a kernel again when this file changes.
  *
  * Element types: native.py compiles a kernel once per variant. With ACT_BF16 the activations (and, for LoRA,
- * the adapter weights) are bfloat16, else float32; with KV_BF16 the KV cache is. Arithmetic is float32 either
- * way: bf16 values widen exactly on load and round to nearest even on store. */
+ * the adapter weights) are bfloat16, else float32; with KV_BF16 the KV cache is (with KV_INT8 it holds int8 rows).
+ * Arithmetic is float32 either way: bf16 values widen exactly on load and round to nearest even on store. */
 #ifndef LORA_PLATFORM_VEC8_H
 #define LORA_PLATFORM_VEC8_H
 
@@ -114,6 +114,11 @@ static inline float float_to_act(float x) { return x; }
 #ifdef KV_BF16
 typedef bf16 kv_t;
 #define load_kv load_bf16
+#elif defined(KV_INT8)
+/* kernels/kv_int8.py's format: a (token, kv head) row is head_dim int8 values, then their float32 scale's 4 bytes.
+ * Only the kernels that know the format read or write it (paged_attention.c's tile_dp, rotary_kv.c). */
+typedef int8_t kv_t;
+#define KV_SCALE_BYTES 4
 #else
 typedef float kv_t;
 #define load_kv load

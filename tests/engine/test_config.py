@@ -66,6 +66,9 @@ def test_kv_cache_dtype_follows_the_model_unless_given():
     assert EngineConfig(model="m", device="cpu", dtype="float32").kv_cache_torch_dtype(model) is torch.float32
     config = EngineConfig(model="m", device="cpu", dtype="float32", kv_cache_dtype="bfloat16")
     assert config.torch_dtype(model) is torch.float32 and config.kv_cache_torch_dtype(model) is torch.bfloat16
+    assert EngineConfig(model="m", kv_cache_dtype="int8").kv_cache_torch_dtype(model) is torch.int8
+    with pytest.raises(ValueError, match="kv_cache_dtype must be 'auto' or one of .*'int8'"):
+        EngineConfig(model="m", kv_cache_dtype="int4")
 
 
 def test_parse_cpuinfo_reads_the_first_processor_on_x86_and_arm():
@@ -88,6 +91,8 @@ def test_serve_options_reach_the_engine_config():
     EngineConfig(model="m", **kwargs)
     with pytest.raises(SystemExit):
         cli.build_parser().parse_args(["serve", "m", "--dtype", "int8"])
+    args = cli.build_parser().parse_args(["serve", "m", "--kv-cache-dtype", "int8"])  # an int8 KV cache is allowed
+    assert cli.engine_kwargs(args)["kv_cache_dtype"] == "int8"
     # cli spells the choices out (it must not import torch for --help): they must stay the config's
     assert set(cli.DTYPE_CHOICES) == {"auto", *config_module._DTYPES} and cli.GEMM_MODES == config_module.GEMM_MODES
 

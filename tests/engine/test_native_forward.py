@@ -12,7 +12,8 @@ from engine.models import gemm, native_forward
 from engine.models.gemm import LinearKernel
 from engine.models.linear import LoRAWeights
 from engine.models.loader import load_model
-from kernels.cpu import gemv, int8_gemm, program
+from kernels import kv_int8
+from kernels.cpu import attention, gemv, int8_gemm, program
 from tests.support.batches import step_batch
 
 BLOCK = 4
@@ -35,7 +36,8 @@ def _model(folder, dtype: torch.dtype, bands, quantization: str | None = None):
 
 def _bind_cache(model, dtype: torch.dtype):
     c = model.config
-    k = torch.zeros(c.num_layers, NUM_BLOCKS, BLOCK, c.num_kv_heads, c.head_dim, dtype=dtype)
+    k = torch.zeros(c.num_layers, NUM_BLOCKS, BLOCK, c.num_kv_heads, kv_int8.row_elements(c.head_dim, dtype),
+                    dtype=dtype)
     v = torch.zeros_like(k)
     model.bind_kv_cache(list(k), list(v))
     return k, v
@@ -57,10 +59,10 @@ STEPS = [  # a prompt in two chunks beside a whole one, then decodes of one and 
 ]
 
 
-def _run_steps(model, native: bool, dtype: torch.dtype, steps=STEPS, token_slots=None):
-    """The steps' hidden states and the KV cache after them; ``token_slots(step index, num_tokens)``: the adapter
-    slot of each token of a step (a list), or None for none."""
-    k, v = _bind_cache(model, dtype)
+def _run_steps(model, native: bool, dtype: torch.dtype, steps=STEPS, token_slots=None, kv_dtype=None):
+    """The steps' hidden states and the KV cache after them (of ``kv_dtype``, the model's by default);
+    ``token_slots(step index, num_tokens)``: the adapter slot of each token of a step (a list), or None for none."""
+    k, v = _bind_cache(model, kv_dtype or dtype)
     if native:
         assert model.use_native_forward()
     outputs = []
@@ -125,6 +127,27 @@ def test_a_replayed_step_computes_what_the_modules_do_bit_for_bit(variant, dtype
     assert sorted(runs) == sorted(len(sum((c[0] for c in s), [])) for s in STEPS)  # every step was replayed
     model.native = None
     _assert_same(native, _run_steps(model, False, dtype))
+
+
+def test_an_int8_kv_cache_replays_where_attention_reads_it_in_c(tiny_llama_tied_bias, monkeypatch):
+    """kv_cache_dtype="int8" (kernels.kv_int8): the recorded rotary call quantizes the rows as the module path's
+    does, and the recorded attention reads them; where the C loop does not read int8 (no AVX512-BF16) the replay
+    declines and the modules run."""
+    dtype = torch.bfloat16
+    paths = _paths(dtype)
+    if not paths:
+        pytest.skip(f"this CPU has no C GEMM for {dtype}")
+    model = _model(tiny_llama_tied_bias, dtype, [(2, paths[0]), (4096, paths[-1])])  # head_dim 32
+    if not attention.reads_int8_in_c(dtype):
+        _bind_cache(model, torch.int8)
+        assert not model.use_native_forward()
+        return
+    runs = _replays(monkeypatch)
+    native = _run_steps(model, True, dtype, kv_dtype=torch.int8)
+    assert sorted(runs) == sorted(len(sum((c[0] for c in s), [])) for s in STEPS)
+    assert native[1].dtype == torch.int8 and native[1].any()
+    model.native = None
+    _assert_same(native, _run_steps(model, False, dtype, kv_dtype=torch.int8))
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])

@@ -11,8 +11,8 @@ import pytest
 import torch
 
 from engine import LLM, LoRARequest, SamplingParams
+from kernels.cpu import attention, rotary_kv
 from kernels.cpu import lora as cpu_lora
-from kernels.cpu import rotary_kv
 from tests.support.peft_factory import make_peft_adapter
 
 MAX_TOKENS = 24
@@ -70,6 +70,28 @@ def test_a_bf16_kv_cache_under_an_fp32_model_halves_its_blocks_bytes(tiny_llama_
     assert bf16.kv_cache.dtype == torch.bfloat16 and bf16.model.embed_tokens.dtype == torch.float32
     assert bf16.kv_block_bytes * 2 == fp32.kv_block_bytes and bf16.num_blocks // 2 == fp32.num_blocks
     outputs = greedy(tiny_llama_tied_bias, prompts, dtype="float32", kv_cache_dtype="bfloat16")
+    assert agreement(fp32_tokens, outputs) >= 0.9
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
+def test_an_int8_kv_cache_holds_about_twice_the_blocks_and_agrees(tiny_llama_tied_bias, prompts, fp32_tokens,
+                                                                   dtype, caplog):
+    """kv_cache_dtype="int8" (kernels.kv_int8): a row of head_dim 32 is 36 bytes against bf16's 64, so the same
+    memory holds 1.78x the blocks; greedy outputs agree with fp32's. A bf16 model reads it in C where the CPU has
+    AVX512-BF16; an fp32 one dequantizes each context in torch, and start-up says so."""
+    def runner(kv_cache_dtype):
+        llm = LLM(str(tiny_llama_tied_bias), dtype=dtype, kv_cache_dtype=kv_cache_dtype, kv_cache_memory="4MiB")
+        return llm.llm_engine.model_runner
+
+    with caplog.at_level("WARNING", logger="engine.model_runner"):
+        int8 = runner("int8")
+    wide = runner("bfloat16")
+    assert int8.kv_cache.dtype == torch.int8 and int8.kv_cache.shape[-1] == int8.model_config.head_dim + 4
+    assert int8.kv_block_bytes * 64 == wide.kv_block_bytes * 36
+    assert int8.num_blocks == 4 * 2**20 // int8.kv_block_bytes > 1.7 * wide.num_blocks
+    slow = "dequantizes each sequence's context" in caplog.text
+    assert slow == (dtype == "float32" or not attention.reads_int8_in_c(torch.bfloat16))
+    outputs = greedy(tiny_llama_tied_bias, prompts, dtype=dtype, kv_cache_dtype="int8")
     assert agreement(fp32_tokens, outputs) >= 0.9
 
 

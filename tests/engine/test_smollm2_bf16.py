@@ -19,6 +19,7 @@ from engine.config import ModelConfig
 from engine.models.gemm_choice import choose_gemm
 from engine.models.loader import load_model
 from engine.models.prepare import resolve_model
+from kernels import kv_int8
 
 pytestmark = pytest.mark.slow
 
@@ -80,16 +81,17 @@ def engine_model(folder, dtype: torch.dtype):
 
 
 @torch.inference_mode()
-def logits_of(model, sequences: list[list[int]]) -> list[torch.Tensor]:
-    """Every position's fp32 logits ([len, vocab] per sequence), all sequences in one step of the paged model."""
+def logits_of(model, sequences: list[list[int]], kv_dtype: torch.dtype | None = None) -> list[torch.Tensor]:
+    """Every position's fp32 logits ([len, vocab] per sequence), all sequences in one step of the paged model, over a
+    KV cache of ``kv_dtype`` (the model's by default; int8: kernels.kv_int8's rows)."""
     config = model.config
     tables, first = [], 0
     for tokens in sequences:
         tables.append(list(range(first, first + -(-len(tokens) // BLOCK))))
         first += len(tables[-1])
-    shape = (config.num_layers, first, BLOCK, config.num_kv_heads, config.head_dim)
-    dtype = model.embed_tokens.dtype
-    model.bind_kv_cache(list(torch.zeros(shape, dtype=dtype)), list(torch.zeros(shape, dtype=dtype)))
+    kv_dtype = kv_dtype or model.embed_tokens.dtype
+    shape = (config.num_layers, first, BLOCK, config.num_kv_heads, kv_int8.row_elements(config.head_dim, kv_dtype))
+    model.bind_kv_cache(list(torch.zeros(shape, dtype=kv_dtype)), list(torch.zeros(shape, dtype=kv_dtype)))
     lens = [len(tokens) for tokens in sequences]
     starts = torch.tensor([0, *torch.tensor(lens).cumsum(0).tolist()], dtype=torch.int32)
     width = max(map(len, tables))

@@ -6,6 +6,7 @@ import torch
 import kernels
 import kernels.reference as reference
 from engine.cpu_info import cpu_info
+from kernels import kv_int8
 from kernels.cpu import attention, native
 from tests.kernels.conftest import cpu_paths
 
@@ -109,6 +110,36 @@ def test_bfloat16_matches_reference(case, q_dtype, kv_dtype, cpu_path, monkeypat
     assert got.dtype == q_dtype
     rtol, atol = (2**-7, 1e-3) if in_c else (2e-2, 2e-2)
     torch.testing.assert_close(got.float(), reference.paged_attention(*args).float(), rtol=rtol, atol=atol)
+
+
+@pytest.mark.parametrize("case", CASES)
+@pytest.mark.parametrize("q_dtype", [torch.bfloat16, torch.float32])
+def test_int8_cache_matches_reference(case, q_dtype, cpu_path, monkeypatch):
+    """An int8 KV cache (kernels.kv_int8: int8 values and a float32 scale a row). bf16 q on a CPU with AVX512-BF16 and
+    head_dim a multiple of 32 takes the C loop (the values are exact bf16 integers there, the scales applied to the
+    scores and to P in float32): within one bf16 rounding of the reference on the same rows; every other case
+    dequantizes the context for SDPA."""
+    q, k_cache, v_cache, *rest = paged_case(**CASES[case], dtype=q_dtype)
+    k_cache, v_cache = kv_int8.quantize(k_cache * 3), kv_int8.quantize(v_cache)  # * 3: scales other than V's
+    head_dim = CASES[case]["head_dim"]
+    in_c = (cpu_path == "native" and q_dtype == torch.bfloat16 and head_dim % 32 == 0
+            and {"avx512_bf16", "avx512bw"} <= cpu_info().flags)
+    if in_c:
+        monkeypatch.setattr(attention, "_attend_all_sdpa", _fail("the SDPA path ran"))
+    got = attention.paged_attention(q, k_cache, v_cache, *rest)
+    assert got.dtype == q_dtype
+    rtol, atol = (2**-7, 1e-3) if in_c else (2e-2, 2e-2)
+    expected = reference.paged_attention(q, k_cache, v_cache, *rest).float()
+    torch.testing.assert_close(got.float(), expected, rtol=rtol, atol=atol)
+
+
+def test_int8_rows_hold_values_and_scale():
+    x = torch.tensor([[0.5, -1.27, 0.0, 0.01], [0.0, 0.0, 0.0, 0.0]])
+    rows = kv_int8.quantize(x)
+    assert rows.dtype == torch.int8 and rows.shape == (2, 8)
+    assert rows[0, :4].tolist() == [50, -127, 0, 1] and rows[1, :4].tolist() == [0, 0, 0, 0]
+    assert rows[:, 4:].contiguous().view(torch.float32).flatten().tolist() == [pytest.approx(0.01), 0.0]
+    torch.testing.assert_close(kv_int8.dequantize(rows), torch.tensor([[0.5, -1.27, 0.0, 0.01], [0.0] * 4]))
 
 
 def test_bfloat16_dot_products_where_the_cpu_has_them():

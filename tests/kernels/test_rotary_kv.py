@@ -7,9 +7,11 @@ import torch
 import kernels
 import kernels.reference as reference
 from engine.models.rotary import RotaryEmbedding, apply_rotary
+from kernels import kv_int8
 from kernels.cpu import native, rotary_kv
 
 DTYPES = [torch.float32, torch.bfloat16]
+KV_DTYPES = [*DTYPES, torch.int8]  # int8: kernels.kv_int8's rows, quantized as they are written
 
 
 @pytest.fixture
@@ -30,7 +32,11 @@ def torch_only(monkeypatch):
 
 
 def _bits(x: torch.Tensor) -> torch.Tensor:
-    return x.view(torch.int16 if x.dtype == torch.bfloat16 else torch.int32)
+    return x if x.dtype == torch.int8 else x.view(torch.int16 if x.dtype == torch.bfloat16 else torch.int32)
+
+
+def _caches(kv: torch.dtype) -> list[torch.Tensor]:  # 4 blocks of 16 slots of 3 kv heads of 64 (int8: + a scale)
+    return [torch.zeros(4, 16, 3, kv_int8.row_elements(64, kv), dtype=kv) for _ in range(4)]
 
 
 def _qkv(num_tokens: int, dtype: torch.dtype, seed: int = 0):
@@ -69,12 +75,12 @@ def test_rotary_leaves_other_layouts_to_torch():
 
 
 @pytest.mark.parametrize("act", DTYPES)
-@pytest.mark.parametrize("kv", DTYPES)
+@pytest.mark.parametrize("kv", KV_DTYPES)
 def test_write_kv_matches_the_reference_for_every_dtype_pair(act, kv):
     _, k, qkv = _qkv(6, act, seed=2)
     v = qkv[:, 768:].view(6, 3, 64)  # strided, as the model passes it
     slots = torch.tensor([5, 40, -1, 0, 63, 17])
-    caches = [torch.zeros(4, 16, 3, 64, dtype=kv) for _ in range(4)]
+    caches = _caches(kv)
     reference.write_kv(k, v, caches[0], caches[1], slots)
     with kernels.use_backend("cpu"):
         kernels.write_kv(k, v, caches[2], caches[3], slots)
@@ -92,7 +98,7 @@ def test_write_kv_refuses_a_slot_past_the_cache_before_writing():
 
 
 @pytest.mark.parametrize("act", DTYPES)
-@pytest.mark.parametrize("kv", DTYPES)
+@pytest.mark.parametrize("kv", KV_DTYPES)
 @pytest.mark.parametrize("num_tokens", [6, 40])  # 40: split over the threads (from 8 tokens)
 def test_rotary_qkv_is_the_split_path_bit_for_bit(act, kv, num_tokens, torch_only):
     """One C call for a layer (rotary of q and k, the KV write) against split + apply_rotary x2 + write_kv with the
@@ -104,7 +110,7 @@ def test_rotary_qkv_is_the_split_path_bit_for_bit(act, kv, num_tokens, torch_onl
     _, _, qkv = _qkv(num_tokens, act, seed=3)
     slots = torch.randperm(64, generator=gen)[:num_tokens]
     slots[2] = -1
-    caches = [torch.zeros(4, 16, 3, 64, dtype=kv) for _ in range(4)]
+    caches = _caches(kv)
     q = rotary_kv.rotary_qkv(qkv, 9, 3, 64, cos, sin, caches[0], caches[1], slots)
     assert q is not None and q.shape == (num_tokens, 9, 64) and q.dtype == act
     with torch_only:
