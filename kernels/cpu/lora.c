@@ -112,9 +112,12 @@ static inline void load_b16(const act_t *b, int64_t max_rank, int64_t rows, int6
             continue;
         }
 #ifdef ACT_BF16
-        r[i] = _mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(m, b + i * max_rank + c)), 16);
+        const __m256i raw = w == 16 ? _mm256_loadu_si256((const __m256i *)(b + i * max_rank + c)) /* 2x faster */
+                                    : _mm256_maskz_loadu_epi16(m, b + i * max_rank + c);
+        r[i] = _mm512_slli_epi32(_mm512_cvtepu16_epi32(raw), 16);
 #else
-        r[i] = _mm512_castps_si512(_mm512_maskz_loadu_ps(m, b + i * max_rank + c));
+        r[i] = _mm512_castps_si512(w == 16 ? _mm512_loadu_ps(b + i * max_rank + c)
+                                           : _mm512_maskz_loadu_ps(m, b + i * max_rank + c));
 #endif
     }
 }
@@ -136,22 +139,39 @@ static void expand_item16(act_t *y, int64_t y_stride, const float *h, int64_t h_
                 __m512i r[16];
                 load_b16(b + o * max_rank, max_rank, valid, c, w, r);
                 transpose16(r); /* r[k], lane i: B[o + i][c + k] */
-                for (int64_t t = 0; t < n; ++t) {
-                    const float *hp = h + rows[first + t] * h_stride + p * max_rank + c;
-                    __m512 sum = acc[t];
-                    for (int k = 0; k < 8; ++k) sum = _mm512_fmadd_ps(_mm512_set1_ps(hp[k]), (__m512)r[k], sum);
-                    if (w == 16)
-                        for (int k = 8; k < 16; ++k) sum = _mm512_fmadd_ps(_mm512_set1_ps(hp[k]), (__m512)r[k], sum);
-                    acc[t] = sum;
-                }
+                const float *hp[EXPAND_TILE];
+                for (int t = 0; t < EXPAND_TILE; ++t)
+                    hp[t] = h + rows[first + (t < n ? t : 0)] * h_stride + p * max_rank + c;
+                /* rank by rank, the tokens' sums side by side: n independent chains of FMAs, not a token's 16 in
+                 * a row waiting on each other; each token's sum adds in the same order. With that and plain loads
+                 * where a block is whole (below: masked loads of bf16 were slow on the Zen 5 VM), 4 projections x
+                 * 30 layers x 8 slots at 64 tokens: 10.3 -> 4.7 ms (shrink 2.1; 2-vCPU AMD EPYC Zen 5) */
+                if (n == EXPAND_TILE) /* a full tile without the guards */
+                    for (int k = 0; k < w; ++k)
+                        for (int t = 0; t < EXPAND_TILE; ++t)
+                            acc[t] = _mm512_fmadd_ps(_mm512_set1_ps(hp[t][k]), (__m512)r[k], acc[t]);
+                else
+                    for (int k = 0; k < w; ++k)
+                        for (int t = 0; t < EXPAND_TILE; ++t)
+                            if (t < n) acc[t] = _mm512_fmadd_ps(_mm512_set1_ps(hp[t][k]), (__m512)r[k], acc[t]);
             }
             const __mmask16 m = valid == 16 ? 0xffff : 0xff;
             for (int64_t t = 0; t < n; ++t) { /* y rounded once, after its delta */
                 act_t *yt = y + rows[first + t] * y_stride + o;
 #ifdef ACT_BF16
+                if (valid == 16) { /* plain loads and stores: masked ones were 40% of the expand (Zen 5) */
+                    const __m256i raw = _mm256_loadu_si256((const __m256i *)yt);
+                    const __m512 yv = (__m512)_mm512_slli_epi32(_mm512_cvtepu16_epi32(raw), 16);
+                    _mm256_storeu_si256((__m256i *)yt, (__m256i)_mm512_cvtneps_pbh(_mm512_fmadd_ps(scale, acc[t], yv)));
+                    continue;
+                }
                 const __m512 yv = (__m512)_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(m, yt)), 16);
                 _mm256_mask_storeu_epi16(yt, m, (__m256i)_mm512_cvtneps_pbh(_mm512_fmadd_ps(scale, acc[t], yv)));
 #else
+                if (valid == 16) {
+                    _mm512_storeu_ps(yt, _mm512_fmadd_ps(scale, acc[t], _mm512_loadu_ps(yt)));
+                    continue;
+                }
                 _mm512_mask_storeu_ps(yt, m, _mm512_fmadd_ps(scale, acc[t], _mm512_maskz_loadu_ps(m, yt)));
 #endif
             }

@@ -317,14 +317,15 @@ static inline float softmax_split(const float *s, int64_t n, float *row_max, flo
     __m512 sum = _mm512_setzero_ps();
     for (int64_t t = 0; t < n; t += 32) {
         const __mmask16 m0 = first_lanes(n - t), m1 = first_lanes(n - t - 16);
-        const __m512 x0 = _mm512_maskz_sub_ps(m0, _mm512_maskz_loadu_ps(m0, s + t), mx);
-        const __m512 x1 = _mm512_maskz_sub_ps(m1, _mm512_maskz_loadu_ps(m1, s + t + 16), mx);
+        const __m512 x0 = _mm512_maskz_sub_ps(m0, _mm512_loadu_ps(s + t), mx);
+        const __m512 x1 = _mm512_maskz_sub_ps(m1, _mm512_loadu_ps(s + t + 16), mx);
         __m512 p0 = _mm512_maskz_mov_ps(m0, (__m512)vexp16((vf16)x0));
         __m512 p1 = _mm512_maskz_mov_ps(m1, (__m512)vexp16((vf16)x1));
         sum = _mm512_add_ps(sum, _mm512_add_ps(p0, p1));
+        /* plain loads, masked after: masked loads from memory were slow on the Zen 5 VM (lora.c's expand) */
         if (v_scales != NULL) { /* int8 V: each key's scale goes into its p (the sum stays p's) */
-            p0 = _mm512_mul_ps(p0, _mm512_maskz_loadu_ps(m0, v_scales + t));
-            p1 = _mm512_mul_ps(p1, _mm512_maskz_loadu_ps(m1, v_scales + t + 16));
+            p0 = _mm512_mul_ps(p0, _mm512_maskz_mov_ps(m0, _mm512_loadu_ps(v_scales + t)));
+            p1 = _mm512_mul_ps(p1, _mm512_maskz_mov_ps(m1, _mm512_loadu_ps(v_scales + t + 16)));
         }
         const __m512 h0 = _mm512_castsi512_ps(_mm512_and_si512(_mm512_castps_si512(p0), top));
         const __m512 h1 = _mm512_castsi512_ps(_mm512_and_si512(_mm512_castps_si512(p1), top));
@@ -487,8 +488,8 @@ static inline void dequantize_step(const Args *args, const int32_t *table, int64
                             }                                                                            \
                             __m512 dots = _mm512_mul_ps(hsum16(a), _mm512_set1_ps(args->scale));         \
                             if (KV_Q) /* int8 K: each key's scale */                                     \
-                                dots = _mm512_mul_ps(dots, _mm512_maskz_loadu_ps(                        \
-                                    first_lanes(seen - t0), k_scales + kh * scale_stride + t0));          \
+                                dots = _mm512_mul_ps(dots, _mm512_maskz_mov_ps(first_lanes(seen - t0),   \
+                                    _mm512_loadu_ps(k_scales + kh * scale_stride + t0)));                 \
                             _mm512_storeu_ps(scores + t0, dots);                                         \
                         }                                                                                \
                         const float correction = softmax_split(scores, seen, &row_max[r], &row_sum[r], high, low, \
