@@ -101,7 +101,8 @@ static inline void transpose16(__m512i r[16]) {
  * EPYC Zen 4: 132 us a call at 64 tokens, 2.9 ms at 2048). */
 #if defined(__AVX512BW__) && defined(__AVX512VL__) && (!defined(ACT_BF16) || defined(__AVX512BF16__))
 #define HAVE_EXPAND16 1
-#define EXPAND_TILE 8
+#define EXPAND_TILE 64 /* tokens of one slot an item: each transposed block of B serves them all */
+#define EXPAND_GROUP 8 /* of them side by side in registers */
 
 /* r[i] = row i of B's block (float32 bits), ranks c .. c + w - 1 (w 8 or 16, zero past it); rows past `rows` zero. */
 static inline void load_b16(const act_t *b, int64_t max_rank, int64_t rows, int64_t c, int64_t w, __m512i r[16]) {
@@ -127,53 +128,65 @@ static void expand_item16(act_t *y, int64_t y_stride, const float *h, int64_t h_
                           const float *scales, const int64_t *rows, const int64_t *slots, int64_t first, int64_t n) {
     const act_t *b = lora_b + slots[first] * out_total * max_rank;
     const __m512 scale = _mm512_set1_ps(scales[slots[first]]);
+    const int64_t chunks = (max_rank + 15) / 16;
+    __m512 columns[chunks * 16]; /* the block of B transposed, chunk by chunk: column 16 c + k is rank 16 c + k */
     int64_t offset = 0;
     for (int64_t p = 0; p < num_parts; ++p) {
         const int64_t end = offset + part_sizes[p];
         for (int64_t o = offset; o < end; o += 16) {
             const int64_t valid = end - o < 16 ? end - o : 16; /* 8 at the end of a part whose size is 8 mod 16 */
-            __m512 acc[EXPAND_TILE];
-            for (int t = 0; t < EXPAND_TILE; ++t) acc[t] = _mm512_setzero_ps();
-            for (int64_t c = 0; c < max_rank; c += 16) {
-                const int64_t w = max_rank - c < 16 ? max_rank - c : 16;
+            for (int64_t c = 0; c < max_rank; c += 16) { /* once for all the item's tokens */
                 __m512i r[16];
-                load_b16(b + o * max_rank, max_rank, valid, c, w, r);
+                load_b16(b + o * max_rank, max_rank, valid, c, max_rank - c < 16 ? max_rank - c : 16, r);
                 transpose16(r); /* r[k], lane i: B[o + i][c + k] */
-                const float *hp[EXPAND_TILE];
-                for (int t = 0; t < EXPAND_TILE; ++t)
-                    hp[t] = h + rows[first + (t < n ? t : 0)] * h_stride + p * max_rank + c;
-                /* rank by rank, the tokens' sums side by side: n independent chains of FMAs, not a token's 16 in
-                 * a row waiting on each other; each token's sum adds in the same order. With that and plain loads
-                 * where a block is whole (below: masked loads of bf16 were slow on the Zen 5 VM), 4 projections x
-                 * 30 layers x 8 slots at 64 tokens: 10.3 -> 4.7 ms (shrink 2.1; 2-vCPU AMD EPYC Zen 5) */
-                if (n == EXPAND_TILE) /* a full tile without the guards */
-                    for (int k = 0; k < w; ++k)
-                        for (int t = 0; t < EXPAND_TILE; ++t)
-                            acc[t] = _mm512_fmadd_ps(_mm512_set1_ps(hp[t][k]), (__m512)r[k], acc[t]);
-                else
-                    for (int k = 0; k < w; ++k)
-                        for (int t = 0; t < EXPAND_TILE; ++t)
-                            if (t < n) acc[t] = _mm512_fmadd_ps(_mm512_set1_ps(hp[t][k]), (__m512)r[k], acc[t]);
+                for (int k = 0; k < 16; ++k) columns[c + k] = (__m512)r[k];
             }
             const __mmask16 m = valid == 16 ? 0xffff : 0xff;
-            for (int64_t t = 0; t < n; ++t) { /* y rounded once, after its delta */
-                act_t *yt = y + rows[first + t] * y_stride + o;
+            for (int64_t g = 0; g < n; g += EXPAND_GROUP) {
+                const int64_t count = n - g < EXPAND_GROUP ? n - g : EXPAND_GROUP;
+                __m512 acc[EXPAND_GROUP];
+                for (int t = 0; t < EXPAND_GROUP; ++t) acc[t] = _mm512_setzero_ps();
+                for (int64_t c = 0; c < max_rank; c += 16) {
+                    const int64_t w = max_rank - c < 16 ? max_rank - c : 16;
+                    const float *hp[EXPAND_GROUP];
+                    for (int t = 0; t < EXPAND_GROUP; ++t)
+                        hp[t] = h + rows[first + g + (t < count ? t : 0)] * h_stride + p * max_rank + c;
+                    /* rank by rank, the tokens' sums side by side: independent chains of FMAs, not a token's 16 in
+                     * a row waiting on each other; each token's sum adds in the same order. With that and plain
+                     * loads where a block is whole (below: masked loads of bf16 were slow on the Zen 5 VM), 4
+                     * projections x 30 layers x 8 slots at 64 tokens: 10.3 -> 4.7 ms (shrink 2.1; 2-vCPU AMD EPYC
+                     * Zen 5) */
+                    if (count == EXPAND_GROUP) /* a full group without the guards */
+                        for (int k = 0; k < w; ++k)
+                            for (int t = 0; t < EXPAND_GROUP; ++t)
+                                acc[t] = _mm512_fmadd_ps(_mm512_set1_ps(hp[t][k]), columns[c + k], acc[t]);
+                    else
+                        for (int k = 0; k < w; ++k)
+                            for (int t = 0; t < EXPAND_GROUP; ++t)
+                                if (t < count)
+                                    acc[t] = _mm512_fmadd_ps(_mm512_set1_ps(hp[t][k]), columns[c + k], acc[t]);
+                }
+                for (int64_t t = 0; t < count; ++t) { /* y rounded once, after its delta */
+                    act_t *yt = y + rows[first + g + t] * y_stride + o;
 #ifdef ACT_BF16
-                if (valid == 16) { /* plain loads and stores: masked ones were 40% of the expand (Zen 5) */
-                    const __m256i raw = _mm256_loadu_si256((const __m256i *)yt);
-                    const __m512 yv = (__m512)_mm512_slli_epi32(_mm512_cvtepu16_epi32(raw), 16);
-                    _mm256_storeu_si256((__m256i *)yt, (__m256i)_mm512_cvtneps_pbh(_mm512_fmadd_ps(scale, acc[t], yv)));
-                    continue;
-                }
-                const __m512 yv = (__m512)_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(m, yt)), 16);
-                _mm256_mask_storeu_epi16(yt, m, (__m256i)_mm512_cvtneps_pbh(_mm512_fmadd_ps(scale, acc[t], yv)));
+                    if (valid == 16) { /* plain loads and stores: masked ones were 40% of the expand (Zen 5) */
+                        const __m256i raw = _mm256_loadu_si256((const __m256i *)yt);
+                        const __m512 yv = (__m512)_mm512_slli_epi32(_mm512_cvtepu16_epi32(raw), 16);
+                        _mm256_storeu_si256((__m256i *)yt,
+                                            (__m256i)_mm512_cvtneps_pbh(_mm512_fmadd_ps(scale, acc[t], yv)));
+                        continue;
+                    }
+                    const __m512 yv =
+                        (__m512)_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(m, yt)), 16);
+                    _mm256_mask_storeu_epi16(yt, m, (__m256i)_mm512_cvtneps_pbh(_mm512_fmadd_ps(scale, acc[t], yv)));
 #else
-                if (valid == 16) {
-                    _mm512_storeu_ps(yt, _mm512_fmadd_ps(scale, acc[t], _mm512_loadu_ps(yt)));
-                    continue;
-                }
-                _mm512_mask_storeu_ps(yt, m, _mm512_fmadd_ps(scale, acc[t], _mm512_maskz_loadu_ps(m, yt)));
+                    if (valid == 16) {
+                        _mm512_storeu_ps(yt, _mm512_fmadd_ps(scale, acc[t], _mm512_loadu_ps(yt)));
+                        continue;
+                    }
+                    _mm512_mask_storeu_ps(yt, m, _mm512_fmadd_ps(scale, acc[t], _mm512_maskz_loadu_ps(m, yt)));
 #endif
+                }
             }
         }
         offset = end;
@@ -633,8 +646,8 @@ int lora_expand(act_t *y, int64_t y_stride, const float *h, int64_t h_stride, co
         return -1;
     const Item *items = plan.items;
     const int64_t num_items = plan.num_items, num_packs = plan.num_packs;
-    if (num_packs == 0) { /* the vector loop only: items of equal cost */
-#pragma omp parallel for schedule(static) num_threads(num_threads)
+    if (num_packs == 0) { /* the vector loop only: items of up to EXPAND_TILE tokens, one at a time */
+#pragma omp parallel for schedule(dynamic, 1) num_threads(num_threads)
         for (int64_t i = 0; i < num_items; ++i) {
             const Item item = items[i];
             EXPAND_ITEM(y, y_stride, h, h_stride, lora_b, out_total, max_rank, part_sizes, num_parts, scales, rows,
