@@ -17,7 +17,7 @@ def paged_attention(
     query_start_loc: torch.Tensor,  # [num_seqs + 1] int32
     scale: float,
 ) -> torch.Tensor:  # [num_tokens, num_q_heads, head_dim]
-    num_q_heads, block_size, num_kv_heads = q.shape[1], k_cache.shape[1], k_cache.shape[2]  # caches: int8 too
+    num_q_heads, block_size, num_kv_heads = q.shape[1], k_cache.shape[1], k_cache.shape[2]
     group = num_q_heads // num_kv_heads
     out = torch.zeros_like(q)
     for i in range(seq_lens.shape[0]):

@@ -63,7 +63,9 @@ def _check_shapes(q, k_cache, v_cache, block_tables, seq_lens, query_start_loc) 
     if q.dim() != 3 or k_cache.dim() != 4 or k_cache.shape != v_cache.shape:
         raise ValueError(f"paged_attention: q {tuple(q.shape)} must be [T, Hq, D] and both caches "
                          f"[blocks, block_size, Hkv, D], got {tuple(k_cache.shape)} and {tuple(v_cache.shape)}")
-    if q.shape[2] != kv_int8.head_dim_of(k_cache) or q.shape[1] % k_cache.shape[2] or k_cache.dtype != v_cache.dtype:
+    if k_cache.dtype != v_cache.dtype:
+        raise ValueError(f"paged_attention: the caches differ in dtype ({k_cache.dtype} and {v_cache.dtype})")
+    if q.shape[2] != kv_int8.head_dim_of(k_cache) or q.shape[1] % k_cache.shape[2]:
         raise ValueError(f"paged_attention: q heads/dim {tuple(q.shape[1:])} do not fit cache {tuple(k_cache.shape)}")
     num_seqs = seq_lens.shape[0]
     if block_tables.dim() != 2 or block_tables.shape[0] != num_seqs or query_start_loc.shape[0] != num_seqs + 1:
@@ -87,8 +89,8 @@ def reads_int8_in_c(act_dtype: torch.dtype) -> bool:
     CPU with AVX512-BF16 (head_dim a multiple of 32); elsewhere each sequence's context is dequantized for SDPA."""
     if act_dtype != torch.bfloat16:
         return False
-    library = native.load("paged_attention", _VARIANTS[torch.bfloat16, torch.int8])
-    return library is not None and bool(library.paged_attention_bf16_dots())
+    library = _typed(native.load("paged_attention", _VARIANTS[torch.bfloat16, torch.int8]))
+    return library is not None and library.has_dots
 
 
 def _int32(x: torch.Tensor) -> torch.Tensor:
@@ -101,16 +103,22 @@ def _native_library(q, k_cache, v_cache):
     if not (k_cache.is_contiguous() and v_cache.is_contiguous()):
         return None
     # float32 unless -D{ACT,KV}_BF16 (vec8.h): q and out are the activations, the caches the KV.
-    library = native.load("paged_attention", _VARIANTS[q.dtype, k_cache.dtype])
+    library = _typed(native.load("paged_attention", _VARIANTS[q.dtype, k_cache.dtype]))
+    if library is not None and k_cache.dtype == torch.int8 and not library.has_dots:
+        return None  # the int8 build reads its rows only where it has the vdpbf16ps path
+    return library
+
+
+def _typed(library):
+    """The build with its entry point typed and whether it has the vdpbf16ps path, once per library."""
     if library is not None and not getattr(library, "_typed", False):
         library.paged_attention.restype = ctypes.c_int
         library.paged_attention.argtypes = (
             [ctypes.c_void_p] * 4 + [ctypes.c_int64, ctypes.c_void_p, ctypes.c_int64] + [ctypes.c_void_p] * 3
             + [ctypes.c_int64] * 5 + [ctypes.c_float, ctypes.c_int64]
         )
+        library.has_dots = bool(library.paged_attention_bf16_dots())
         library._typed = True
-    if library is not None and k_cache.dtype == torch.int8 and not library.paged_attention_bf16_dots():
-        return None  # the int8 build reads its rows only where it has the vdpbf16ps path
     return library
 
 

@@ -169,7 +169,7 @@ static void expand_item16(act_t *y, int64_t y_stride, const float *h, int64_t h_
                 for (int64_t t = 0; t < count; ++t) { /* y rounded once, after its delta */
                     act_t *yt = y + rows[first + g + t] * y_stride + o;
 #ifdef ACT_BF16
-                    if (valid == 16) { /* plain loads and stores: masked ones were 40% of the expand (Zen 5) */
+                    if (valid == 16) { /* plain loads and stores, as load_b16's */
                         const __m256i raw = _mm256_loadu_si256((const __m256i *)yt);
                         const __m512 yv = (__m512)_mm512_slli_epi32(_mm512_cvtepu16_epi32(raw), 16);
                         _mm256_storeu_si256((__m256i *)yt,
