@@ -21,8 +21,9 @@ the waits in steps instead); the second is the throughput the schedule gives, wh
 keys it runs ~5% lower by design: a light tenant's prompt gets a step of its own, see ``engine.fairness``).
 A light tenant at 1/11 of 150% of capacity sends few requests (about 18 in 90 s on a 2-core CPU), so one run's p99 is
 its largest TTFT and swings from run to run; ``--repeats R`` runs steps 2, 3 and 4 R times, interleaved, each with
-new arrivals, and the ratios are taken over the pooled samples (each repeat's own ratio is reported beside it): one
-run's throughput moves by a few percent with the host, as much as the ~4% a step that keys cost by design.
+new arrivals, in reversed order every other repeat (:func:`run_order`: use an even R), and the ratios are taken over
+the pooled samples (each repeat's own ratio is reported beside it): one run's throughput moves by a few percent with
+the host, as much as the ~4% a step that keys cost by design.
 Every request has a 64-128 token prompt of random ids (fresh ids each run, so no run reads another's prefix cache)
 and 32 greedy output tokens (EOS ignored). The load client
 shares the two cores with the server: the figures compare with each other, not with another run's.
@@ -236,6 +237,17 @@ def start_server(model: str, port: int, max_num_seqs: int, log_path: Path) -> su
     return proc
 
 
+RUN_ORDER = ("alone", "fcfs", "fair")
+
+
+def run_order(repeat: int) -> tuple[str, ...]:
+    """The order of a repeat's three runs: as ``RUN_ORDER`` in even repeats, reversed in odd ones, so that a drift of
+    the host over the benchmark (runs of the same work slowed 14% over three minutes on the 2-core Zen 4 VM) weighs on
+    each kind alike in the pooled ratios of an even number of repeats; in a fixed order arrival order always ran
+    after alone and before the keyed run."""
+    return RUN_ORDER if repeat % 2 == 0 else RUN_ORDER[::-1]
+
+
 def _pooled_rates(rs: list[dict]) -> tuple[float, float]:
     """Output tokens per second and per step over runs ``rs``, pooled: every run's tokens over all their seconds (their
     steps)."""
@@ -311,12 +323,13 @@ def main(argv: list[str] | None = None) -> int:
               f"{seconds:.0f} s, {args.repeats} repeat(s)", flush=True)
         runs = {"alone": [], "fair": [], "fcfs": []}
         for repeat in range(args.repeats):
-            runs["alone"].append(asyncio.run(run(url, plan(repeat, 10, with_heavy=False), keyed=True)))
-            runs["fcfs"].append(asyncio.run(run(url, plan(repeat, 11), keyed=False)))
-            runs["fair"].append(asyncio.run(run(url, plan(repeat, 12), keyed=True)))
-            for name in ("alone", "fcfs", "fair"):
-                if len(runs[name]) == repeat + 1:
-                    print_run(f"{name} {repeat + 1}", runs[name][-1])
+            for name in run_order(repeat):
+                if name == "alone":
+                    result = asyncio.run(run(url, plan(repeat, 10, with_heavy=False), keyed=True))
+                else:
+                    result = asyncio.run(run(url, plan(repeat, 11 if name == "fcfs" else 12), keyed=name == "fair"))
+                runs[name].append(result)
+                print_run(f"{name} {repeat + 1}", result)
         both = asyncio.run(backlogged(url, cap, seconds / 3, args.max_num_seqs, seed=13))
         print(f"backlogged: weights 1:2 served 1:{both['raw_service_ratio']:.2f} over {both['window_s']:.1f} s; "
               f"largest service gap {both['max_gap']:.0f} weighted tokens against VTC's bound {both['bound']:.0f}; "

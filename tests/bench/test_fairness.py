@@ -3,7 +3,7 @@ benchmark itself runs in ``make bench``)."""
 
 import pytest
 
-from bench.fairness import HEAVY, LIGHT, service_gap, summarize
+from bench.fairness import HEAVY, LIGHT, RUN_ORDER, run_order, service_gap, summarize
 from bench.serve import percentiles
 
 
@@ -64,3 +64,11 @@ def test_service_gap_counts_the_window_both_keys_had_requests_waiting():
     # d(t) = a - b on the grid 0, 0.1, 0.2, 0.3: 0, 1, 3, 14: it grew by 14 at most.
     assert gap["max_gap"] == pytest.approx(14.0)
     assert gap["raw_service_ratio"] == pytest.approx(24.0 / 26.0)
+
+
+def test_each_pair_of_repeats_gives_every_kind_the_same_mean_position():
+    for first in range(4):
+        pair = [run_order(first), run_order(first + 1)]
+        assert all(sorted(order) == sorted(RUN_ORDER) for order in pair)
+        positions = {name: sum(order.index(name) for order in pair) for name in RUN_ORDER}
+        assert len(set(positions.values())) == 1, positions  # a drifting host weighs on each kind alike
