@@ -245,7 +245,12 @@ def run_order(repeat: int) -> tuple[str, ...]:
     the host over the benchmark (runs of the same work slowed 14% over three minutes on the 2-core Zen 4 VM) weighs on
     each kind alike in the pooled ratios of an even number of repeats; in a fixed order arrival order always ran
     after alone and before the keyed run."""
-    return RUN_ORDER if repeat % 2 == 0 else RUN_ORDER[::-1]
+    return alternated(RUN_ORDER, repeat)
+
+
+def alternated(order: tuple[str, ...], repeat: int) -> tuple[str, ...]:
+    """``order`` in even repeats, reversed in odd ones."""
+    return order if repeat % 2 == 0 else order[::-1]
 
 
 def _pooled_rates(rs: list[dict]) -> tuple[float, float]:

@@ -21,16 +21,14 @@ import json
 import random
 import time
 
+from bench.fairness import alternated
+from bench.fairness_steps import HEAVY, LIGHT, OUTPUT_TOKENS, light_rate_per_step
 from bench.throughput import RESULTS
-
-OUTPUT_TOKENS = 32
-STEPS_PER_REQUEST = OUTPUT_TOKENS + 1
-LIGHT, HEAVY = "tenant-light", "tenant-heavy"
 
 
 def requests(steps: int, max_num_seqs: int, seed: int) -> list[tuple[int, str, list[int]]]:
     """(arrival step, tenant, prompt) in arrival order."""
-    light_rate = 1.5 * max_num_seqs / STEPS_PER_REQUEST / 11
+    light_rate = light_rate_per_step(max_num_seqs)
     out = []
     for tenant, rate in ((LIGHT, light_rate), (HEAVY, 10 * light_rate)):
         rng = random.Random(f"{seed}-{tenant}")
@@ -43,7 +41,7 @@ def requests(steps: int, max_num_seqs: int, seed: int) -> list[tuple[int, str, l
 
 def round_order(pair: int) -> tuple[str, str]:
     """ABBA: keyed first in even pairs, arrival order first in odd ones."""
-    return ("keyed", "fcfs") if pair % 2 == 0 else ("fcfs", "keyed")
+    return alternated(("keyed", "fcfs"), pair)
 
 
 def run_round(engine, plan: list[tuple[int, str, list[int]]], keyed: bool, salt: str) -> dict:

@@ -38,11 +38,17 @@ STEPS_PER_REQUEST = OUTPUT_TOKENS + 1
 LIGHT, HEAVY = "tenant-light", "tenant-heavy"
 
 
+def light_rate_per_step(max_num_seqs: int) -> float:
+    """The light key's arrivals a step: 1/11 of 150% of the batch's capacity of ``max_num_seqs / 33`` requests a step
+    (the heavy key sends 10x that)."""
+    return 1.5 * max_num_seqs / STEPS_PER_REQUEST / 11
+
+
 def replay(seed: int, steps: int, max_num_seqs: int, *, keyed: bool, with_heavy: bool) -> dict:
     """One run: the light key's first-token waits in steps, the fairness preemptions, output tokens a step."""
     scheduler = Scheduler(BlockManager(8192, 16, True), max_num_seqs=max_num_seqs, max_num_batched_tokens=2048,
                           admission=FairAdmission())
-    light_rate = 1.5 * max_num_seqs / STEPS_PER_REQUEST / 11
+    light_rate = light_rate_per_step(max_num_seqs)
     rates = {LIGHT: light_rate, HEAVY: 10 * light_rate} if with_heavy else {LIGHT: light_rate}
     rngs = {tenant: random.Random(f"{seed}-{tenant}") for tenant in rates}  # the light key's arrivals: every run's
     due = {tenant: rngs[tenant].expovariate(rate) for tenant, rate in rates.items()}

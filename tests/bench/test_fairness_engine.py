@@ -3,7 +3,8 @@ model: ``python -m bench.fairness_engine``)."""
 
 import pytest
 
-from bench.fairness_engine import HEAVY, LIGHT, STEPS_PER_REQUEST, pooled, requests, round_order
+from bench.fairness_engine import HEAVY, LIGHT, pooled, requests, round_order
+from bench.fairness_steps import STEPS_PER_REQUEST
 
 
 def test_arrivals_are_the_served_benchmarks_rates_and_the_same_for_a_seed():
