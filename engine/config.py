@@ -52,6 +52,9 @@ class EngineConfig:
     gpu_memory_utilization: float = 0.9
     num_kv_blocks: int | None = None
     enable_prefix_caching: bool = True
+    # CPU: fault the KV cache's pages in from a background thread once the engine is built, instead of in the steps
+    # that first write them (engine.host_memory.prefault); the server's default
+    kv_prefault: bool = False
     dtype: str = "auto"
     kv_cache_dtype: str = "auto"  # "auto": the model's dtype; "int8" (CPU): half of bf16's bytes (kernels.kv_int8)
     gemm: str = "auto"  # "auto": time each GEMM path at start-up (cached on disk); a path name: always that one

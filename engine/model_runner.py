@@ -16,7 +16,7 @@ import torch
 
 from engine.batch_metadata import BatchMetadata
 from engine.config import EngineConfig, ModelConfig, parse_memory
-from engine.host_memory import keep_freed_memory, zeroed
+from engine.host_memory import keep_freed_memory, prefault, zeroed
 from engine.models.gemm_choice import choose_gemm
 from engine.models.loader import load_model
 from engine.sampler import Sampler, SamplerOutput
@@ -70,16 +70,7 @@ class ModelRunner:
         self.gemm = choose_gemm(self.model, mode=config.gemm, dtype=self.dtype, device=self.device,
                                 max_num_batched_tokens=config.max_num_batched_tokens,
                                 max_num_seqs=config.max_num_seqs)
-        self.num_kv_heads = parallel.shard.kv_heads[1] if parallel is not None else model_config.num_kv_heads
-        self.num_blocks = self._num_kv_blocks(max_model_len)
-        if parallel is not None:  # every rank holds the same blocks (of its own heads)
-            self.num_blocks = parallel.min_over_ranks(self.num_blocks)
-        shape = (2, model_config.num_layers, self.num_blocks, self.block_size, self.num_kv_heads,
-                 kv_int8.row_elements(model_config.head_dim, self.kv_cache_dtype))
-        # [2, L, blocks, bs, Hkv, D] (int8: D + 4, kernels.kv_int8); on CPU zeroed pages, faulted in as blocks are
-        # first written (host_memory)
-        self.kv_cache = (zeroed(shape, self.kv_cache_dtype) if self.device.type == "cpu"
-                         else torch.zeros(shape, dtype=self.kv_cache_dtype, device=self.device))
+        self.kv_cache = self._allocate_kv_cache(model_config, max_model_len, parallel)
         self.model.bind_kv_cache(list(self.kv_cache[0]), list(self.kv_cache[1]))
         if self.device.type == "cpu" and self.model.use_native_forward():
             logger.info("decoder layers: replayed as C kernel calls at steps of up to %d tokens without adapters",
@@ -87,6 +78,24 @@ class ModelRunner:
         generator = torch.Generator(device=self.device)
         generator.manual_seed(config.seed)
         self.sampler = Sampler(eos_token_ids, generator, structured)
+
+    def _allocate_kv_cache(self, model_config, max_model_len: int, parallel) -> torch.Tensor:
+        """[2, L, blocks, bs, Hkv, D] (int8: D + 4, kernels.kv_int8). On CPU zeroed pages (start-up pays nothing for
+        them), each faulted in as a step first writes it or, with ``kv_prefault``, ahead by a background thread from
+        the lowest blocks up (host_memory.prefault)."""
+        self.num_kv_heads = parallel.shard.kv_heads[1] if parallel is not None else model_config.num_kv_heads
+        self.num_blocks = self._num_kv_blocks(max_model_len)
+        if parallel is not None:  # every rank holds the same blocks (of its own heads)
+            self.num_blocks = parallel.min_over_ranks(self.num_blocks)
+        shape = (2, model_config.num_layers, self.num_blocks, self.block_size, self.num_kv_heads,
+                 kv_int8.row_elements(model_config.head_dim, self.kv_cache_dtype))
+        self.kv_prefault = None
+        if self.device.type != "cpu":
+            return torch.zeros(shape, dtype=self.kv_cache_dtype, device=self.device)
+        cache = zeroed(shape, self.kv_cache_dtype)
+        if self.config.kv_prefault:  # the thread faulting it in, lowest blocks first
+            self.kv_prefault = prefault(cache, parts=2 * model_config.num_layers)
+        return cache
 
     @property
     def kv_block_bytes(self) -> int:

@@ -40,6 +40,9 @@ def build_parser() -> argparse.ArgumentParser:
     engine.add_argument("--kv-cache-memory", default=None, help="KV cache size on CPU, e.g. 4GiB")
     engine.add_argument("--gpu-memory-utilization", type=float, default=0.9)
     engine.add_argument("--no-enable-prefix-caching", dest="enable_prefix_caching", action="store_false")
+    engine.add_argument("--no-kv-prefault", dest="kv_prefault", action="store_false",
+                        help="leave the CPU KV cache's pages to be faulted in by the steps that first write them "
+                             "(default: a background thread faults them all in once the engine is built)")
     engine.add_argument("--dtype", default="auto", choices=DTYPE_CHOICES,
                         help="auto: bf16 on CPUs with native bf16 dot products (AVX-512 BF16, AMX) and on CUDA, "
                              "else fp32")
@@ -140,7 +143,7 @@ def engine_kwargs(args: argparse.Namespace) -> dict:
         "block_size": args.block_size, "max_num_seqs": args.max_num_seqs,
         "max_num_batched_tokens": args.max_num_batched_tokens, "max_model_len": args.max_model_len,
         "kv_cache_memory": args.kv_cache_memory, "gpu_memory_utilization": args.gpu_memory_utilization,
-        "enable_prefix_caching": args.enable_prefix_caching, "dtype": args.dtype,
+        "enable_prefix_caching": args.enable_prefix_caching, "kv_prefault": args.kv_prefault, "dtype": args.dtype,
         "kv_cache_dtype": args.kv_cache_dtype, "gemm": args.gemm, "quantization": args.quantization,
         "device": args.device, "seed": args.seed,
         "structured_outputs_compile_timeout": args.structured_outputs_compile_timeout,

@@ -93,6 +93,10 @@ def test_serve_options_reach_the_engine_config():
         cli.build_parser().parse_args(["serve", "m", "--dtype", "int8"])
     args = cli.build_parser().parse_args(["serve", "m", "--kv-cache-dtype", "int8"])  # an int8 KV cache is allowed
     assert cli.engine_kwargs(args)["kv_cache_dtype"] == "int8"
+    # the server faults its KV cache in ahead unless told not to; the offline default does not
+    assert kwargs["kv_prefault"] is True and EngineConfig(model="m").kv_prefault is False
+    args = cli.build_parser().parse_args(["serve", "m", "--no-kv-prefault"])
+    assert cli.engine_kwargs(args)["kv_prefault"] is False
     # cli spells the choices out (it must not import torch for --help): they must stay the config's
     assert set(cli.DTYPE_CHOICES) == {"auto", *config_module._DTYPES} and cli.GEMM_MODES == config_module.GEMM_MODES
 
