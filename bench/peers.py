@@ -84,11 +84,14 @@ def workloads(model_folder: Path, quick: bool, cap: int | None, out_tokens: int 
 
 def plan(systems, names, dtypes, binds, int8: bool = True) -> list[dict]:
     """The runs, in order: (system, workload, dtype, variant[, bind]); with ``int8`` this engine's offline and
-    streams runs again with its weights quantized (``quantization="int8"``, activations in the dtype)."""
+    streams runs again with its weights quantized (``quantization="int8"``, activations in the dtype). The systems
+    go in the order given for a workload's first dtype and reversed for the next, and so on: the host drifts over a
+    run (the same engine's offline figure moved 10-15% within minutes on the Zen 4 VM), and in one fixed order this
+    engine would always have run before vLLM."""
     out = []
     for workload in names:
-        for dtype in dtypes:
-            for system in systems:
+        for i, dtype in enumerate(dtypes):
+            for system in (systems if i % 2 == 0 else systems[::-1]):
                 if system == "vllm":
                     for bind in (binds if workload == "offline" else ["all"]):
                         out.append(runs.record("vllm", workload, dtype, runs.VARIANTS[bind], bind=bind))

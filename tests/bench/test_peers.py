@@ -21,6 +21,15 @@ def test_plan_runs_this_engine_again_with_int8_weights_except_for_adapters():
                 if r.get("quantization")]
 
 
+def test_plan_reverses_the_systems_every_other_dtype():
+    runs = plan(["engine", "vllm"], ["offline", "streams"], ["bfloat16", "float32"], ["all"], int8=False)
+    order = [(r["workload"], r["dtype"], r["system"]) for r in runs]
+    assert order == [("offline", "bfloat16", "engine"), ("offline", "bfloat16", "vllm"),
+                     ("offline", "float32", "vllm"), ("offline", "float32", "engine"),
+                     ("streams", "bfloat16", "engine"), ("streams", "bfloat16", "vllm"),
+                     ("streams", "float32", "vllm"), ("streams", "float32", "engine")]
+
+
 def offline(system, tok_s, variant="both cores", dtype="float32", **fields):
     return {"system": system, "workload": "offline", "dtype": dtype, "variant": variant, "ok": True,
             "tok_s": tok_s, **fields}
