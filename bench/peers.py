@@ -37,6 +37,7 @@ import time
 from pathlib import Path
 
 from bench import peers_runs as runs
+from bench.fairness import alternated
 from bench.peers_install import INSTALLERS, InstallError
 from bench.peers_ratios import summarize
 from bench.report import cpu_model
@@ -91,7 +92,7 @@ def plan(systems, names, dtypes, binds, int8: bool = True) -> list[dict]:
     out = []
     for workload in names:
         for i, dtype in enumerate(dtypes):
-            for system in (systems if i % 2 == 0 else systems[::-1]):
+            for system in alternated(tuple(systems), i):
                 if system == "vllm":
                     for bind in (binds if workload == "offline" else ["all"]):
                         out.append(runs.record("vllm", workload, dtype, runs.VARIANTS[bind], bind=bind))

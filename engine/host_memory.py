@@ -65,29 +65,24 @@ def zeroed(shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
     return torch.frombuffer(pages, dtype=dtype).view(shape)
 
 
-def prefault(tensor: torch.Tensor, parts: int = 1, label: str = "KV cache") -> threading.Thread | None:
+def prefault(tensor: torch.Tensor, parts: int = 1) -> threading.Thread | None:
     """Fault in every page of ``tensor`` (a :func:`zeroed` one) from a background thread at the lowest scheduling
-    priority; returns the thread (None when there is nothing to do). ``parts``: the
-    storage as that many equal contiguous parts (the KV cache's 2 x layers, each [blocks, ...]), faulted in a slice
-    of each part at a time, from the front, so the low blocks that a fresh block pool hands out first are in memory
-    in all layers before the high ones in any.
+    priority; returns the thread (None when there is nothing to do). ``parts``: the storage as that many equal
+    contiguous parts (the KV cache's 2 x layers, each [blocks, ...]), faulted in a slice of each part at a time from
+    the front, so the low blocks a fresh pool hands out first are in memory in every layer before the high ones.
 
-    Why: a page of a lazily zeroed KV cache costs a fault the first time a step writes it, and on these VMs, where
-    the host also backs guest memory on first touch, a 4 KiB page of memory the VM never used cost ~6 us: 2 GiB
-    took 3.1 s of one core (``madvise(MADV_POPULATE_WRITE)``; ``MAP_POPULATE`` 6.3 s, with huge pages 4.2 s). A
-    fresh engine's blocks are all new (the prefix cache keeps freed blocks, and new sequences take untouched ones
-    first), so its first ~90k tokens of KV paid those faults inside its steps: on the Intel AMX VM (2026-12-06) the
-    offline workload in int8 ran at 844-858 output tok/s with the cache lazy against 934-964 with it faulted in
-    first, and at 862-909 against 1038-1049 in a second run of new prompts. Started once the engine is built, the
-    thread does not lengthen the start-up (it slowed the model's load by 5 s when started before it) and it yields to
-    the engine's threads at nice 19, but a run that starts at once still shares the cores with it: 915 against 982
-    tok/s for the first run, 1010 against 942 for the second (two runs in 17.1 s either way). Waited for, on memory
-    the VM had used before (faults cheap there): first runs 931-950 against 970-981 lazy (a lazily faulted page is
-    zeroed by the kernel right before the step writes it, so it is in the cache), second runs 994-1054 against
-    922-924. So it suits a server,
-    which waits for its traffic (``engine serve`` does it unless ``--no-kv-prefault``), more than a batch job started
-    with the engine (``LLM(kv_prefault=True)`` asks for it). The madvise calls release the GIL (ctypes). From then on
-    the cache holds its whole budget in memory (``kv_cache_memory``), as a GPU engine's does."""
+    Why: a page of a lazily zeroed KV cache costs a fault the first time a step writes it, and a fresh engine's blocks
+    are all new (the prefix cache keeps freed blocks; new sequences take untouched ones first). On these VMs the host
+    backs guest memory on first touch too: 2 GiB took 3.1 s of one core to fault in (``MAP_POPULATE`` 6.3 s, with
+    huge pages 4.2 s), and the offline workload in int8 ran at 844-858 output tok/s lazy against 934-964 with the
+    cache faulted in first (Intel AMX VM, 2026-12-06). Started before the model's load it slowed the start-up by 5 s,
+    so it starts once the engine is built. At nice 19 it yields to the engine's threads, but a run started at once
+    still shares the cores with it (first run 915 against 982 tok/s, second 1010 against 942), and on memory the VM
+    had used before a first run reads 931-950 with it finished against 970-981 lazy (a lazily faulted page is zeroed
+    by the kernel right before the step writes it, so it is in the cache), a second 994-1054 against 922-924. So a
+    server, which waits for its traffic, does it (``engine serve`` unless ``--no-kv-prefault``); offline it is
+    ``LLM(kv_prefault=True)``. The madvise calls release the GIL (ctypes). From then on the cache holds its whole
+    budget in memory (``kv_cache_memory``), as a GPU engine's does."""
     storage = tensor.untyped_storage()
     nbytes = storage.nbytes()
     if nbytes == 0 or tensor.device.type != "cpu":
@@ -113,10 +108,10 @@ def prefault(tensor: torch.Tensor, parts: int = 1, label: str = "KV cache") -> t
                 end = min(at + slice_bytes, start + (part + 1) * part_bytes)
                 first = at // page * page  # madvise takes page-aligned ranges; the neighbours' pages are ours too
                 if madvise(first, end - first, _MADV_POPULATE_WRITE) != 0:
-                    logger.info("%s: not faulted in ahead (madvise: %s); steps fault its pages in as they write",
-                                label, os.strerror(ctypes.get_errno()))
+                    logger.info("KV cache: not faulted in ahead (madvise: %s); steps fault its pages in as they write",
+                                os.strerror(ctypes.get_errno()))
                     return
-        logger.info("%s: %.2f GiB faulted in ahead in %.1f s", label, storage.nbytes() / 2**30,
+        logger.info("KV cache: %.2f GiB faulted in ahead in %.1f s", storage.nbytes() / 2**30,
                     time.perf_counter() - began)
 
     thread = threading.Thread(target=run, name="kv-prefault", daemon=True)
