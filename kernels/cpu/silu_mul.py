@@ -1,8 +1,8 @@
 """The C SiLU-and-multiply of ``silu_mul.c`` (``silu(gate) * up`` from the gate|up projection's output), for
 bfloat16 and float32 on CPU.
 
-It returns None where the C build is missing, the CPU lacks AVX-512 (torch's ops are as fast there) or the input is not
-a contiguous bfloat16 or float32 CPU tensor [T, 2I], and the caller runs torch's ops. The results are torch's in
+It returns None where the C build is missing, the CPU has neither AVX-512 nor AVX2 + FMA, or the input is not a
+contiguous bfloat16 or float32 CPU tensor [T, 2I], and the caller runs torch's ops. The results are torch's in
 bfloat16 but where the exp's last float32 bits tip a rounding (one bf16 unit of the silu, in under 0.1% of the values),
 and within a few units in the last place in float32.
 """

@@ -11,7 +11,7 @@ from kernels.cpu import native, silu_mul
 SPECIAL = [0.0, -0.0, 100.0, -100.0, 1e-30, -1e-30, float("inf"), float("-inf"), float("nan"), 88.5, -88.5, -87.0]
 
 
-HAS_AVX512 = {"avx512f", "avx512bw"} <= cpu_info().flags
+HAS_KERNEL = {"avx512f", "avx512bw"} <= cpu_info().flags or {"avx2", "fma"} <= cpu_info().flags
 
 
 @pytest.fixture(autouse=True)
@@ -19,12 +19,12 @@ def built(request):
     """Built when a test runs, not at collection (a loaded library's constructors run in the loading thread)."""
     if native.load("silu_mul", ("ACT_BF16",)) is None or native.load("silu_mul") is None:
         pytest.skip("no C compiler")
-    if not HAS_AVX512 and request.node.name != "test_runs_exactly_where_the_cpu_has_avx512":
-        pytest.skip("the kernel runs on CPUs with AVX-512 only (torch's ops elsewhere)")
+    if not HAS_KERNEL and request.node.name != "test_runs_exactly_where_the_cpu_has_the_instructions":
+        pytest.skip("the kernel runs on CPUs with AVX-512 or AVX2 + FMA only (torch's ops elsewhere)")
 
 
-def test_runs_exactly_where_the_cpu_has_avx512():
-    assert (silu_mul.silu_mul(torch.randn(2, 64)) is not None) == HAS_AVX512
+def test_runs_exactly_where_the_cpu_has_the_instructions():
+    assert (silu_mul.silu_mul(torch.randn(2, 64)) is not None) == HAS_KERNEL
 
 
 def torch_silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
