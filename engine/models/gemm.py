@@ -10,11 +10,12 @@ Paths, each in the model's dtype with fp32 accumulation:
     vdpbf16ps in bf16, 8 on FMAs in fp32). A step of one sequence ran 25% faster with it in bf16 (SmolLM2, Zen 4
     VM: 26.5 -> 20.0 ms a token, GEMMs 15.3 -> 11.1 ms); in fp32 on the Zen 1 VM it read the weights at 19-23 GB/s
     at M = 1 against oneDNN's 12-18;
-  * ``packed`` (bf16 on CPUs with AVX512-BF16, fp32 on CPUs with AVX-512): ``kernels/cpu/packed_gemm.c`` on the
-    weight packed once into 32-column panels, 8 rows x 32 columns at a time (vdpbf16ps, or FMAs), each next panel
-    fetched while the one before is multiplied. On the Zen 5 VM, SmolLM2's layer projections at M = 64 with every
-    layer's weights cycled (as a decode step reads them): 21.5 ms a step on ``onednn``, 16.0 here in bf16; 45.2 and
-    34.2 in fp32;
+  * ``packed`` (bf16 on CPUs with AVX512-BF16, fp32 on CPUs with AVX-512 or AVX2 + FMA):
+    ``kernels/cpu/packed_gemm.c`` on the weight packed once into 32-column panels, 8 rows x 32 columns at a time
+    (vdpbf16ps, or FMAs; 6 rows x 16 columns on AVX2), each next panel fetched while the one before is multiplied.
+    On the Zen 5 VM, SmolLM2's layer projections at M = 64 with every layer's weights cycled (as a decode step
+    reads them): 21.5 ms a step on ``onednn``, 16.0 here in bf16; 45.2 and 34.2 in fp32; on the AVX2 Zen 3 VM in
+    fp32 115 against 86-91 ms (M = 8: 37 against 18-19);
 and, for quantized weights (``engine.models.quant``), ``w8a8``, ``w8a8g`` (int8 activations in groups of 64, on
 ``kernels/cpu/int8_gemm.c``), ``w8a16`` and ``w4a16``, and ``dequantized`` (the
 quantized values as a dense weight, on the packed kernel where it takes it, else oneDNN, for the bands where a step's

@@ -1,7 +1,7 @@
 """The GEMMs of ``packed_gemm.c`` on a weight packed once into 32-column panels, for the GEMM choice's ``packed`` path
-(``engine.models.gemm``): bf16 on CPUs with AVX512-BF16, float32 on CPUs with AVX-512. ``pack`` returns None where
-the kernel does not apply (no build, no such CPU, another dtype, N not a multiple of 32, an odd K in bf16) and
-``packed_gemm`` None for an x it does not take: the caller multiplies another way."""
+(``engine.models.gemm``): bf16 on CPUs with AVX512-BF16, float32 on CPUs with AVX-512 or AVX2 + FMA. ``pack``
+returns None where the kernel does not apply (no build, no such CPU, another dtype, N not a multiple of 32, an odd
+K in bf16) and ``packed_gemm`` None for an x it does not take: the caller multiplies another way."""
 
 import ctypes
 from dataclasses import dataclass
@@ -35,7 +35,7 @@ def _library():
 @cache
 def available(dtype: torch.dtype = torch.bfloat16) -> bool:
     """Whether this machine's build has the kernel for ``dtype`` (a C compiler; a CPU with AVX512-BF16 for bf16,
-    with AVX-512 for float32)."""
+    with AVX-512, or AVX2 and FMA, for float32)."""
     library = _library()
     return (dtype in _KINDS and library is not None
             and getattr(library, f"packed_gemm{_KINDS[dtype][0]}_available")() == 1)

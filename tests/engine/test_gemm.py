@@ -29,7 +29,8 @@ def gemm_cache(tmp_path, monkeypatch):
 @needs_onednn
 def test_this_torch_build_has_onednn_for_fp32_and_for_bf16_where_the_cpu_has_it():
     gemv_f32 = ("gemv",) if gemv_kernels.available(torch.float32) else ()  # kernels/cpu/gemv.c, any CPU
-    packed_f32 = ("packed",) if "avx512f" in cpu_info().flags else ()  # kernels/cpu/packed_gemm.c
+    flags = cpu_info().flags
+    packed_f32 = ("packed",) if "avx512f" in flags or {"avx2", "fma"} <= flags else ()  # kernels/cpu/packed_gemm.c
     assert available_paths("cpu", torch.float32) == ("torch", "onednn") + gemv_f32 + packed_f32
     # oneDNN's bf16 needs AVX-512 (its own check, not ours): an AVX2-only CPU runs bf16 on F.linear alone
     bf16 = ("torch", "onednn") if torch.ops.mkldnn._is_mkldnn_bf16_supported() else ("torch",)

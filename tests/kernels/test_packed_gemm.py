@@ -1,6 +1,6 @@
 """The GEMMs of kernels/cpu/packed_gemm.c (the GEMM choice's ``packed`` path): bf16 against float32 products of the
-same values, float32 against float64 ones; every row count around the 8-row microkernel, SmolLM2's shapes, a bias,
-and what they decline."""
+same values, float32 against float64 ones; every row count around the 8-row (6 on AVX2) microkernel, SmolLM2's
+shapes, a bias, and what they decline."""
 
 import pytest
 import torch
@@ -12,10 +12,10 @@ from kernels.cpu import packed_gemm
 from tests.support.gemm_operands import bf16_operands
 
 HAS_DOTS = {"avx512_bf16", "avx512bw"} <= cpu_info().flags
-HAS_AVX512 = "avx512f" in cpu_info().flags
+HAS_F32 = "avx512f" in cpu_info().flags or {"avx2", "fma"} <= cpu_info().flags
 needs_dots = pytest.mark.skipif(not HAS_DOTS, reason="the kernel needs AVX512-BF16; other CPUs never offer the path")
-needs_avx512 = pytest.mark.skipif(not HAS_AVX512, reason="the fp32 kernel needs AVX-512; other CPUs never offer it")
-ROW_COUNTS = [1, 2, 3, 4, 5, 6, 7, 8, 9, 12, 15, 16, 17, 64, 130]  # every remainder of the 8-row microkernel
+needs_f32 = pytest.mark.skipif(not HAS_F32, reason="the fp32 kernel needs AVX-512 or AVX2 + FMA, as its path does")
+ROW_COUNTS = [1, 2, 3, 4, 5, 6, 7, 8, 9, 12, 15, 16, 17, 64, 130]  # every remainder of the 8-row (AVX2: 6-row) kernel
 
 
 _operands = bf16_operands
@@ -24,8 +24,8 @@ _operands = bf16_operands
 def test_available_exactly_where_the_cpu_has_the_instructions():
     assert packed_gemm.available() == HAS_DOTS
     assert ("packed" in available_paths("cpu", torch.bfloat16)) == HAS_DOTS
-    assert packed_gemm.available(torch.float32) == HAS_AVX512
-    assert ("packed" in available_paths("cpu", torch.float32)) == HAS_AVX512
+    assert packed_gemm.available(torch.float32) == HAS_F32
+    assert ("packed" in available_paths("cpu", torch.float32)) == HAS_F32
     assert not packed_gemm.available(torch.float16)
 
 
@@ -36,7 +36,7 @@ def test_the_panels_hold_the_weight():
     panels = packed.data.view(3, 5, 32, 2)  # [N / 32][K / 2][32][2]
     assert torch.equal(panels[1, 2, 7], w[32 + 7, 4:6])
     assert torch.equal(packed_gemm.unpack(packed), w)
-    if HAS_AVX512:
+    if HAS_F32:
         packed = packed_gemm.pack(w.float())
         assert torch.equal(packed.data.view(3, 10, 32)[1, 4, 7], w[32 + 7, 4].float())  # [N / 32][K][32]
         assert torch.equal(packed_gemm.unpack(packed), w.float())
@@ -57,7 +57,7 @@ def test_matches_float32_products_within_one_bf16_rounding(m, n, k, bias):
     assert torch.equal(packed_gemm.packed_gemm(x[-1:].clone(), packed_gemm.pack(w), b), y[-1:])
 
 
-@needs_avx512
+@needs_f32
 @pytest.mark.parametrize("m", ROW_COUNTS)
 @pytest.mark.parametrize(("n", "k", "bias"), [(960, 576, True), (576, 1536, False), (32, 1, True), (64, 35, False)])
 def test_float32_matches_float64_products_to_the_sums_order(m, n, k, bias):
@@ -91,7 +91,7 @@ def test_declines_what_it_does_not_compute():
         return
     packed = packed_gemm.pack(w)
     assert packed_gemm.packed_gemm(x.float(), packed, None) is None  # x of another dtype
-    if HAS_AVX512:
+    if HAS_F32:
         assert packed_gemm.packed_gemm(x, packed_gemm.pack(w.float()), None) is None  # bf16 x, float32 weight
     assert packed_gemm.packed_gemm(x[:, :574].contiguous(), packed, None) is None  # K of another weight
     assert packed_gemm.packed_gemm(x[:, ::2], packed, None) is None  # not contiguous
