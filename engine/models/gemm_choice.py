@@ -2,13 +2,12 @@
 start-up, cached on disk, bound to every ``Projection``.
 
 Each distinct projection (q|k|v, o, gate|up, down, the vocabulary) is timed on every path its weights' format has
-(``engine.models.gemm``: float weights on ``torch``/``onednn``/``gemv``/``packed``, int8 ones on ``w8a16``,
-``w8a8g`` (VNNI CPUs), ``dequantized`` and, in the projections ``quant.allows_w8a8`` names, ``w8a8``) at M = 1, 2, 4,
-... up to the most rows a step gives it
-(``max_num_batched_tokens``; for the vocabulary ``max_num_seqs``, as it only sees the sampled rows). The calls cycle
-through that projection's weights in every layer, so small M mostly reads them from memory as a step does, not from
-a warm cache. Band ``(M/2, M]`` takes the fastest path at M, unless the path that wins most bands for the shape is
-within ``_MARGIN`` there: a second path for a shape costs a second copy of its weights.
+(``engine.models.gemm``: float weights on ``torch``/``onednn``/``gemv``/``packed``, int8 ones on ``w8a16``, ``w8a8g``
+(VNNI or AVX2 CPUs), ``dequantized`` and, in the projections ``quant.allows_w8a8`` names, ``w8a8``) at M = 1, 2, 4, ...
+up to the most rows a step gives it (``max_num_batched_tokens``; for the vocabulary ``max_num_seqs``, as it only sees
+the sampled rows). The calls cycle through that projection's weights in every layer, so small M mostly reads them from
+memory as a step does, not from a warm cache. Band ``(M/2, M]`` takes the fastest path at M, unless the path that wins
+most bands for the shape is within ``_MARGIN`` there: a second path for a shape costs a second copy of its weights.
 
 The choice is cached in ``$ENGINE_GEMM_CACHE_DIR`` (default ``~/.cache/lora-platform/gemm``) under a key made of
 the CPU model and its GEMM-relevant flags, the torch version, the thread count, the dtype, the paths and the

@@ -23,11 +23,12 @@ Paths (each takes activations in the model's dtype and returns the model's dtype
     EPYC, the down projection's input having outliers), where the gate|up projection alone passes them (93.0%,
     -0.8% in bf16; 91.7%, +1.9% in fp32; weight-only w8a16 elsewhere). Its GEMM at M = 64 on that EPYC: 690
     GFLOP/s against oneDNN bf16's 386, 526 with the activations' quantization and rescaling;
-  * ``w8a8g``: ``kernels/cpu/int8_gemm.c`` on CPUs with AVX512-VNNI: each token's activations quantized at every
-    call in groups of 64 inputs, each group with its own scale, u8 x s8 -> int32 dot products per group (vpdpbusd)
-    summed over groups in float32 with the groups' scales. Groups keep a few outlier channels from flattening the
-    rest of a token, so it may take every projection: SmolLM2-135M in bf16 with it on all of them, simulated, gave
-    agreement 94.3% and perplexity +2.1% (groups of 32: 93.2%, +1.1%; one scale a token: 89.3%, +4.5%);
+  * ``w8a8g``: ``kernels/cpu/int8_gemm.c`` on CPUs with AVX512-VNNI (or AVX2 + FMA): each token's activations
+    quantized at every call in groups of 64 inputs, each group with its own scale, int8 x int8 -> int32 dot products
+    per group (vpdpbusd; vpmaddubsw on AVX2) summed over groups in float32 with the groups' scales. Groups keep a
+    few outlier channels from flattening the rest of a token, so it may take every projection: SmolLM2-135M in
+    bf16 with it on all of them, simulated, gave agreement 94.3% and perplexity +2.1% (groups of 32: 93.2%, +1.1%;
+    one scale a token: 89.3%, +4.5%);
   * ``w4a16``: ``torch.ops.aten._weight_int4pack_mm_for_cpu`` on the packed 4-bit weight, the only int4 path.
 """
 

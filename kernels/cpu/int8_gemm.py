@@ -1,6 +1,6 @@
 """The int8 GEMM of ``int8_gemm.c`` (an int8 weight per output channel against activations quantized at every call
-in groups of 64 inputs per token, int32 dot products on AVX512-VNNI, on AMX-INT8 tiles from 16 rows where the CPU has
-them), for the GEMM choice's ``w8a8g`` path
+in groups of 64 inputs per token, int32 dot products on AVX512-VNNI (or AVX2's vpmaddubsw), on AMX-INT8 tiles from
+16 rows where the CPU has them), for the GEMM choice's ``w8a8g`` path
 (``engine.models.quant``). ``pack`` returns None where the kernel does not apply (no build, no such CPU, N not a
 multiple of 32, K not of 64) and ``int8_gemm`` None for an x it does not take: the caller multiplies another way."""
 
@@ -32,7 +32,8 @@ def _library():
 
 @cache
 def available() -> bool:
-    """Whether this machine's build has the kernel (a C compiler and a CPU with AVX512-VNNI and AVX512-BW)."""
+    """Whether this machine's build has the kernel (a C compiler and a CPU with AVX512-VNNI and AVX512-BW, or
+    with AVX2 and FMA)."""
     library = _library()
     return library is not None and library.int8_gemm_available() == 1
 

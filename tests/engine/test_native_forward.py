@@ -171,7 +171,7 @@ def test_steps_with_adapters_replay_their_lora_ops_too(tiny_llama, dtype, monkey
     assert not torch.equal(module[0][0], without[0][0])  # the adapters changed the hidden states
 
 
-@pytest.mark.skipif(not int8_gemm.available(), reason="the int8 kernel needs AVX512-VNNI")
+@pytest.mark.skipif(not int8_gemm.available(), reason="the int8 kernel needs AVX512-VNNI or AVX2 + FMA")
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
 def test_int8_weights_replay_on_the_int8_kernel(tiny_llama, dtype, monkeypatch):
     model = _model(tiny_llama, dtype, [(4096, "w8a8g")], quantization="int8")

@@ -1,7 +1,7 @@
 """The int8 GEMM of kernels/cpu/int8_gemm.c (the GEMM choice's ``w8a8g`` path): against the same quantization done
-in torch in float64 (``int8_gemm.reference``), every row count around the 6-row microkernel, AMX's 16-row tiles
-and the 192-row chunks, SmolLM2's shapes, bf16 and float32 activations, a bias, outlier channels, zero rows, and
-what it declines."""
+in torch in float64 (``int8_gemm.reference``), every row count around the 6-row (AVX2: 4-row) microkernel, AMX's
+16-row tiles and the 192-row chunks, SmolLM2's shapes, bf16 and float32 activations, a bias, outlier channels, zero
+rows, and what it declines."""
 
 import pytest
 import torch
@@ -12,8 +12,9 @@ from engine.models.quant import Int8Weight, quantize_int8, quantized_paths
 from kernels.cpu import int8_gemm
 
 HAS_VNNI = {"avx512_vnni", "avx512bw"} <= cpu_info().flags
-needs_vnni = pytest.mark.skipif(not HAS_VNNI, reason="the kernel needs AVX512-VNNI; other CPUs never offer the path")
-# remainders of the 6-row kernel, of AMX's 16-row tiles (from 16 rows on) and of the 192-row chunk
+HAS_KERNEL = HAS_VNNI or {"avx2", "fma"} <= cpu_info().flags  # vpdpbusd, else vpmaddubsw
+needs_kernel = pytest.mark.skipif(not HAS_KERNEL, reason="the kernel needs AVX512-VNNI or AVX2 + FMA, as its path does")
+# remainders of the 6-row kernel (4 on AVX2), of AMX's 16-row tiles (from 16 rows on) and of the 192-row chunk
 ROW_COUNTS = [1, 2, 3, 5, 6, 7, 12, 13, 15, 16, 17, 33, 64, 191, 193, 400]
 
 
@@ -27,11 +28,11 @@ def operands(m: int, n: int, k: int, dtype: torch.dtype, bias: bool, seed: int =
 
 
 def test_available_exactly_where_the_cpu_has_the_instructions():
-    assert int8_gemm.available() == HAS_VNNI
-    assert ("w8a8g" in quantized_paths("cpu", torch.bfloat16, "int8")) == HAS_VNNI
+    assert int8_gemm.available() == HAS_KERNEL
+    assert ("w8a8g" in quantized_paths("cpu", torch.bfloat16, "int8")) == HAS_KERNEL
 
 
-@needs_vnni
+@needs_kernel
 def test_the_panels_hold_the_weight_plus_128():
     weight = quantize_int8(torch.randn(96, 128))
     packed = int8_gemm.pack(weight.qweight, weight.scales)
@@ -39,7 +40,7 @@ def test_the_panels_hold_the_weight_plus_128():
     assert torch.equal(panels[1, 2, 7].int() - 128, weight.qweight[32 + 7, 8:12].int())
 
 
-@needs_vnni
+@needs_kernel
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
 @pytest.mark.parametrize("m", ROW_COUNTS)
 @pytest.mark.parametrize(("n", "k", "bias"), [(960, 576, False), (576, 1536, True), (32, 64, True)])
@@ -66,7 +67,7 @@ def test_amx_tiles_only_where_the_cpu_has_them():
     assert int8_gemm.amx() <= ({"amx_tile", "amx_int8"} <= cpu_info().flags and HAS_VNNI)
 
 
-@needs_vnni
+@needs_kernel
 @pytest.mark.parametrize("m", [16, 40, 200])
 def test_row_counts_that_take_tiles_give_the_vector_kernels_numbers(m):
     """From 16 rows on a call runs on AMX tiles where the CPU has them; fewer rows take vpdpbusd. Both sum each
@@ -78,7 +79,7 @@ def test_row_counts_that_take_tiles_give_the_vector_kernels_numbers(m):
     assert torch.equal(whole, pieces)
 
 
-@needs_vnni
+@needs_kernel
 def test_close_to_the_float_product_and_zero_rows_stay_zero():
     """Quantization error, not a wrong sum: within 2% of the float product's scale with an outlier channel, where one
     scale a token would spread the outlier over the whole row; a row of zeros gives exactly the bias."""
@@ -90,7 +91,7 @@ def test_close_to_the_float_product_and_zero_rows_stay_zero():
     assert torch.equal(y[3], b)
 
 
-@needs_vnni
+@needs_kernel
 def test_declines_what_it_cannot_take():
     weight = quantize_int8(torch.randn(48, 64))
     assert int8_gemm.pack(weight.qweight, weight.scales) is None  # N not a multiple of 32
@@ -103,7 +104,7 @@ def test_declines_what_it_cannot_take():
     assert int8_gemm.int8_gemm(torch.randn(64, 2).t(), packed, None) is None  # not contiguous
 
 
-@needs_vnni
+@needs_kernel
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32, torch.float16])
 def test_the_path_falls_back_where_the_kernel_declines(dtype):
     """``w8a8g`` on a shape the kernel does not take (48 outputs), or an x it does not take (float16), runs the
