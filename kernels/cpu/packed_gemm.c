@@ -1,7 +1,7 @@
 /* y = x @ W.T (+ bias) with W packed once into column panels, in bf16 on CPUs with AVX512-BF16 and in float32 on
  * CPUs with AVX-512 (or AVX2 + FMA): the decode and small prefill steps' projections, where oneDNN's inner product
- * left the cores idle while a weight came from memory. The bf16 kernel is described here; the float32 one (below) is the same
- * with one inner index a panel row ([N / 32][K][32]) and FMAs against a broadcast x[r][j].
+ * left the cores idle while a weight came from memory. The bf16 kernel is described here; the float32 one (below)
+ * is the same with one inner index a panel row ([N / 32][K][32]) and FMAs against a broadcast x[r][j].
  *
  * Layout: W [N, K] becomes [N / 32][K / 2][32][2]: a panel of 32 output columns, and in it, for each pair of the
  * inner dimension, the 32 columns' two values side by side: one 64-byte row of the panel is what vdpbf16ps takes

@@ -30,26 +30,6 @@
 #define COPY_BYTES 16384 /* K (and V) of one step an item copies to the stack: both stay in L1 */
 #define COPY_ELEMENTS (COPY_BYTES / 2) /* the most elements of them (bf16) */
 
-static inline vf vmax(vf a, vf b) { vi m = a > b; return (vf)(((vi)a & m) | ((vi)b & ~m)); }
-
-/* exp(x) for x <= 0 (softmax arguments), Cephes' expf polynomial: relative error ~2e-7. */
-static inline vf vexp(vf x) {
-    x = vmax(x, splat(-87.0f));
-    vf fx = x * splat(1.44269504088896341f) + splat(0.5f);
-    vf n = __builtin_convertvector(__builtin_convertvector(fx, vi), vf);
-    n += __builtin_convertvector(n > fx, vf); /* truncation -> floor: subtract 1 where n > fx */
-    x = x - n * splat(0.693359375f) - n * splat(-2.12194440e-4f);
-    vf y = splat(1.9875691500e-4f);
-    y = y * x + splat(1.3981999507e-3f);
-    y = y * x + splat(8.3334519073e-3f);
-    y = y * x + splat(4.1665795894e-2f);
-    y = y * x + splat(1.6666665459e-1f);
-    y = y * x + splat(5.0000001201e-1f);
-    y = y * x * x + x + splat(1.0f);
-    vi bits = (__builtin_convertvector(n, vi) + 127) << 23;
-    return y * (vf)bits;
-}
-
 typedef struct {
     int32_t seq, first_kv_head, num_kv_heads, first_query, num_queries, amx; /* amx: run by tile_amx */
     int64_t cost; /* keys times rows, about: the order items are handed out in, largest first */

@@ -2,12 +2,12 @@
  * float32 (act_t, vec8.h), one C call on the gate|up projection's output instead of torch's silu on a strided half
  * and a multiply. On the 2-core Sapphire Rapids class VM (2026-12-05) torch's two ops took 82 us on SmolLM2's 64
  * decode tokens ([64, 2 x 1536] bf16) and 1.7-2.0 ms on a 2048-token prefill chunk: 30 layers a step, 4% of a decode
- * step; this takes 41 us and 1.0 ms. (On an AMD EPYC VM an 8-lane version of this with
- * vdivps lost to torch from 16 tokens up: the exp is most of the work. This one takes 16 lanes on AVX-512, x / d
- * as x times a refined reciprocal: vdivps alone is a 16-cycle instruction. On AVX2 + FMA an 8-lane version with the
- * same reciprocal: on the Zen 3 VM (2026-12-06, fp32, a busy machine) 46 against torch's 85 us at 64 tokens, 1.7
- * against 3.9 ms at 2048; in bf16 (which `auto` does not take there) 10-40% slower than torch; the decoder-layer
- * replay (native_forward) needs it to run at all.)
+ * step; this takes 41 us and 1.0 ms. (On an AMD EPYC VM an 8-lane version of this with vdivps lost to torch
+ * from 16 tokens up: the exp is most of the work. This one takes 16 lanes on AVX-512, x / d as x times a refined
+ * reciprocal: vdivps alone is a 16-cycle instruction. On AVX2 + FMA an 8-lane version with the same reciprocal: on
+ * the Zen 3 VM (2026-12-06, fp32, a busy machine) 46 against torch's 85 us at 64 tokens, 1.7 against 3.9 ms at
+ * 2048; in bf16 (which `auto` does not take there) 10-40% slower than torch; the decoder-layer replay
+ * (native_forward) needs it to run at all.)
  *
  * Numbers: the same roundings as torch's two ops, in the same places: silu(g) = g / (1 + exp(-g)) in float32,
  * rounded to the activations' dtype, times up in float32, rounded again. The exp is Cephes' polynomial (relative
@@ -25,6 +25,12 @@
 #define PARALLEL_ELEMENTS (1 << 15)
 
 #if (defined(__AVX512F__) && defined(__AVX512BW__)) || (defined(__AVX2__) && defined(__FMA__))
+#define HAVE_KERNEL 1 /* a vector build: 16 lanes (AVX-512) or 8 (AVX2) */
+#else
+#define HAVE_KERNEL 0
+#endif
+
+#if HAVE_KERNEL
 /* The scalar tail of a row (its last size % 16 values, % 8 on AVX2): libm's exp. */
 static inline float silu_mul_one(act_t g, act_t u) {
     const float x = act_to_float(g);
@@ -99,24 +105,8 @@ static void row(const act_t *gate, const act_t *up, act_t *out, int64_t size) {
     for (; i < size; ++i) out[i] = float_to_act(silu_mul_one(gate[i], up[i]));
 }
 #elif defined(__AVX2__) && defined(__FMA__)
-/* The same on 8 lanes (AVX2 + FMA): the exp's polynomial, 1 / d as vrcpps and two Newton steps (12 bits, then 23),
- * the tail and the special values as above. */
-static inline __m256 exp8(__m256 x) {
-    x = _mm256_min_ps(_mm256_max_ps(x, _mm256_set1_ps(-87.0f)), _mm256_set1_ps(88.0f));
-    const __m256 n = _mm256_floor_ps(_mm256_fmadd_ps(x, _mm256_set1_ps(1.44269504088896341f), _mm256_set1_ps(0.5f)));
-    x = _mm256_sub_ps(_mm256_sub_ps(x, _mm256_mul_ps(n, _mm256_set1_ps(0.693359375f))),
-                      _mm256_mul_ps(n, _mm256_set1_ps(-2.12194440e-4f)));
-    __m256 y = _mm256_set1_ps(1.9875691500e-4f);
-    y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(1.3981999507e-3f));
-    y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(8.3334519073e-3f));
-    y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(4.1665795894e-2f));
-    y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(1.6666665459e-1f));
-    y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(5.0000001201e-1f));
-    y = _mm256_add_ps(_mm256_fmadd_ps(_mm256_mul_ps(y, x), x, x), _mm256_set1_ps(1.0f));
-    const __m256i bits = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
-    return _mm256_mul_ps(y, _mm256_castsi256_ps(bits));
-}
-
+/* The same on 8 lanes (AVX2 + FMA): the exp's polynomial (vec8.h's vexp), 1 / d as vrcpps and two Newton steps
+ * (12 bits, then 23), the tail and the special values as above. */
 static inline __m256 load8(const act_t *p) { return (__m256)load_act(p); }
 static inline __m256 through_act(__m256 v) {
 #ifdef ACT_BF16
@@ -132,7 +122,8 @@ static void row(const act_t *gate, const act_t *up, act_t *out, int64_t size) {
     int64_t i = 0;
     for (; i + 8 <= size; i += 8) {
         const __m256 x = load8(gate + i), two = _mm256_set1_ps(2.0f);
-        const __m256 d = _mm256_add_ps(_mm256_set1_ps(1.0f), exp8(_mm256_sub_ps(_mm256_setzero_ps(), x)));
+        const __m256 e = (__m256)vexp((vf)_mm256_min_ps(-x, _mm256_set1_ps(88.0f))); /* exp(-x) */
+        const __m256 d = _mm256_add_ps(_mm256_set1_ps(1.0f), e);
         __m256 r = _mm256_rcp_ps(d);
         r = _mm256_mul_ps(r, _mm256_fnmadd_ps(d, r, two));
         r = _mm256_mul_ps(r, _mm256_fnmadd_ps(d, r, two));
@@ -147,7 +138,7 @@ static void row(const act_t *gate, const act_t *up, act_t *out, int64_t size) {
 }
 #endif
 
-#if (defined(__AVX512F__) && defined(__AVX512BW__)) || (defined(__AVX2__) && defined(__FMA__))
+#if HAVE_KERNEL
 int silu_mul_available(void) { return 1; }
 
 /* out [rows, size] = silu(gate_up[:, :size]) * gate_up[:, size:] for gate_up [rows, 2 * size], both contiguous. */

@@ -21,6 +21,26 @@ static inline void store(float *p, vf v) { memcpy(p, &v, sizeof v); }
 static inline vf splat(float x) { return (vf){x, x, x, x, x, x, x, x}; }
 static inline float hsum(vf v) { return ((v[0] + v[4]) + (v[1] + v[5])) + ((v[2] + v[6]) + (v[3] + v[7])); }
 
+static inline vf vmax(vf a, vf b) { vi m = a > b; return (vf)(((vi)a & m) | ((vi)b & ~m)); }
+
+/* exp(x) for x <= 88 (softmax arguments; silu_mul's exp(-x)), Cephes' expf polynomial: relative error ~2e-7. */
+static inline vf vexp(vf x) {
+    x = vmax(x, splat(-87.0f));
+    vf fx = x * splat(1.44269504088896341f) + splat(0.5f);
+    vf n = __builtin_convertvector(__builtin_convertvector(fx, vi), vf);
+    n += __builtin_convertvector(n > fx, vf); /* truncation -> floor: subtract 1 where n > fx */
+    x = x - n * splat(0.693359375f) - n * splat(-2.12194440e-4f);
+    vf y = splat(1.9875691500e-4f);
+    y = y * x + splat(1.3981999507e-3f);
+    y = y * x + splat(8.3334519073e-3f);
+    y = y * x + splat(4.1665795894e-2f);
+    y = y * x + splat(1.6666665459e-1f);
+    y = y * x + splat(5.0000001201e-1f);
+    y = y * x * x + x + splat(1.0f);
+    vi bits = (__builtin_convertvector(n, vi) + 127) << 23;
+    return y * (vf)bits;
+}
+
 /* bfloat16 as its raw bits: the high half of a float32. */
 typedef uint16_t bf16;
 typedef uint16_t vh __attribute__((vector_size(LANES * sizeof(uint16_t))));
