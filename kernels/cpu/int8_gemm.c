@@ -106,7 +106,7 @@ static void quantize_row(const void *x, int bf16_x, int64_t k, int8_t *q, float 
  * accumulator of the intrinsic's loop to another register and back at each step (24 moves per 12 vpdpbusd). x is
  * broadcast once per row into a register for both halves of the panel: with the broadcast as each vpdpbusd's memory
  * operand, a step of 12 vpdpbusd took 14 loads and the load ports bound the kernel (Zen 5 VM, SmolLM2's four
- * projections with 30 layers' weights cycled: M = 64 12.0 -> 9.8-10.4 ms, M = 256 42 -> 35-36.5). */
+ * projections with 30 layers' weights cycled: M = 64 12.0 -> 9.2-10.4 ms, M = 256 42 -> 33-36.5). */
 #define DPBUSD(acc, w, x) __asm__("vpdpbusd %2, %1, %0" : "+v"(acc) : "v"(w), "v"(x))
 
 /* rows (<= ROWS) of quantized x times one panel into y (row stride n, bf16 or float32); lines [from, from + count)
