@@ -16,6 +16,7 @@
  * every part's size must be multiples of 8, else the functions return -1 and the caller uses torch.
  */
 #define _GNU_SOURCE /* syscall(), for the AMX tile state */
+#include <omp.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -102,7 +103,10 @@ static inline void transpose16(__m512i r[16]) {
 #if defined(__AVX512BW__) && defined(__AVX512VL__) && (!defined(ACT_BF16) || defined(__AVX512BF16__))
 #define HAVE_EXPAND16 1
 #define EXPAND_TILE 64 /* tokens of one slot an item: each transposed block of B serves them all */
-#define EXPAND_GROUP 8 /* of them side by side in registers */
+#define EXPAND_GROUP 16 /* of them side by side in registers */
+#ifndef PREFETCH_BLOCKS
+#define PREFETCH_BLOCKS 4 /* blocks of 16 rows of B fetched ahead of the one transposed */
+#endif
 
 /* r[i] = row i of B's block (float32 bits), ranks c .. c + w - 1 (w 8 or 16, zero past it); rows past `rows` zero. */
 static inline void load_b16(const act_t *b, int64_t max_rank, int64_t rows, int64_t c, int64_t w, __m512i r[16]) {
@@ -123,73 +127,109 @@ static inline void load_b16(const act_t *b, int64_t max_rank, int64_t rows, int6
     }
 }
 
+/* Bytes of the transposed B an item of expand_item16 needs (its `columns`): for each block of 16 outputs, max_rank
+ * rounded up to 16 columns of 16 float32. */
+static size_t expand_columns_bytes(int64_t max_rank, const int64_t *part_sizes, int64_t num_parts) {
+    int64_t num_blocks = 0;
+    for (int64_t p = 0; p < num_parts; ++p) num_blocks += (part_sizes[p] + 15) / 16;
+    return (size_t)num_blocks * ((max_rank + 15) / 16 * 16) * sizeof(__m512);
+}
+
+/* The block of B's rows o .. o + valid - 1 transposed into `ranks` columns (column k, lane i: B[o + i][k]). */
+static inline void transpose_block(const act_t *b, int64_t o, int64_t valid, int64_t max_rank, int64_t ranks,
+                                   __m512 *cols, const act_t *b_end) {
+    /* the block PREFETCH_BLOCKS ahead, a line at a time (B of a decode step's slots comes from memory) */
+    const char *ahead = (const char *)(b + (o + 16 * PREFETCH_BLOCKS) * max_rank);
+    for (int64_t i = 0; i < 16 * max_rank * (int64_t)sizeof(act_t); i += 64)
+        if (ahead + i < (const char *)b_end) _mm_prefetch(ahead + i, _MM_HINT_T0);
+    for (int64_t c = 0; c < ranks; c += 16) {
+        __m512i r[16];
+        load_b16(b + o * max_rank, max_rank, valid, c, max_rank - c < 16 ? max_rank - c : 16, r);
+        transpose16(r); /* r[k], lane i: B[o + i][c + k] */
+        for (int k = 0; k < 16; ++k) cols[c + k] = (__m512)r[k];
+    }
+}
+
+/* y[row t][o .. o + valid) += scale * sum_k h[t][k] * cols[k] for the count <= EXPAND_GROUP tokens of hp. */
+static inline void apply_block(act_t *y, int64_t y_stride, const int64_t *rows, const float *const *hp, int64_t count,
+                               const __m512 *cols, int64_t max_rank, int64_t o, int64_t valid, __m512 scale) {
+    __m512 acc[EXPAND_GROUP];
+    for (int t = 0; t < EXPAND_GROUP; ++t) acc[t] = _mm512_setzero_ps();
+    /* rank by rank, the tokens' sums side by side: independent chains of FMAs, not a token's 16 in a row waiting on
+     * each other; each token's sum adds in rank order. With that and plain loads where a block is whole (below:
+     * masked loads of bf16 were slow on the Zen 5 VM), 4 projections x 30 layers x 8 slots at 64 tokens: 10.3 -> 4.7
+     * ms (shrink 2.1; 2-vCPU AMD EPYC Zen 5) */
+    if (count == EXPAND_GROUP) /* a full group without the guards */
+        for (int64_t k = 0; k < max_rank; ++k)
+            for (int t = 0; t < EXPAND_GROUP; ++t) acc[t] = _mm512_fmadd_ps(_mm512_set1_ps(hp[t][k]), cols[k], acc[t]);
+    else if (count == 8) /* a decode step's tokens of a slot, often */
+        for (int64_t k = 0; k < max_rank; ++k)
+            for (int t = 0; t < 8; ++t) acc[t] = _mm512_fmadd_ps(_mm512_set1_ps(hp[t][k]), cols[k], acc[t]);
+    else
+        for (int64_t k = 0; k < max_rank; ++k)
+            for (int t = 0; t < EXPAND_GROUP; ++t)
+                if (t < count) acc[t] = _mm512_fmadd_ps(_mm512_set1_ps(hp[t][k]), cols[k], acc[t]);
+    const __mmask16 m = valid == 16 ? 0xffff : 0xff;
+    for (int64_t t = 0; t < count; ++t) { /* y rounded once, after its delta */
+        act_t *yt = y + rows[t] * y_stride + o;
+#ifdef ACT_BF16
+        if (valid == 16) { /* plain loads and stores, as load_b16's */
+            const __m256i raw = _mm256_loadu_si256((const __m256i *)yt);
+            const __m512 yv = (__m512)_mm512_slli_epi32(_mm512_cvtepu16_epi32(raw), 16);
+            _mm256_storeu_si256((__m256i *)yt, (__m256i)_mm512_cvtneps_pbh(_mm512_fmadd_ps(scale, acc[t], yv)));
+            continue;
+        }
+        const __m512 yv = (__m512)_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(m, yt)), 16);
+        _mm256_mask_storeu_epi16(yt, m, (__m256i)_mm512_cvtneps_pbh(_mm512_fmadd_ps(scale, acc[t], yv)));
+#else
+        if (valid == 16) {
+            _mm512_storeu_ps(yt, _mm512_fmadd_ps(scale, acc[t], _mm512_loadu_ps(yt)));
+            continue;
+        }
+        _mm512_mask_storeu_ps(yt, m, _mm512_fmadd_ps(scale, acc[t], _mm512_maskz_loadu_ps(m, yt)));
+#endif
+    }
+}
+
+/* An item of n tokens of one slot. Up to EXPAND_GROUP tokens (decode: a few a slot) take each block of B as it is
+ * transposed, from L1. More first transpose the whole of the slot's B into `columns` (L2), then each group of
+ * tokens walks its y rows from the first output to the last: transposing block by block and giving every token its
+ * 16 outputs of the block read y by columns, 32 bytes a row, with B's loads waited on between blocks (4 projections x
+ * 30 layers x 8 slots, bf16, 2-core AMD EPYC Zen 4: 2048 tokens 136-199 -> 97-102 ms, 256 tokens 15.5-26 -> 12.3;
+ * one call of gate|up at 2048 tokens, warm, runs the FMAs at ~65% of the core's peak). */
 static void expand_item16(act_t *y, int64_t y_stride, const float *h, int64_t h_stride, const act_t *lora_b,
                           int64_t out_total, int64_t max_rank, const int64_t *part_sizes, int64_t num_parts,
-                          const float *scales, const int64_t *rows, const int64_t *slots, int64_t first, int64_t n) {
-    const act_t *b = lora_b + slots[first] * out_total * max_rank;
+                          const float *scales, const int64_t *rows, const int64_t *slots, int64_t first, int64_t n,
+                          __m512 *columns) {
+    const act_t *b = lora_b + slots[first] * out_total * max_rank, *b_end = b + out_total * max_rank;
     const __m512 scale = _mm512_set1_ps(scales[slots[first]]);
-    const int64_t chunks = (max_rank + 15) / 16;
-    __m512 columns[chunks * 16]; /* the block of B transposed, chunk by chunk: column 16 c + k is rank 16 c + k */
-    int64_t offset = 0;
-    for (int64_t p = 0; p < num_parts; ++p) {
-        const int64_t end = offset + part_sizes[p];
-        for (int64_t o = offset; o < end; o += 16) {
-            const int64_t valid = end - o < 16 ? end - o : 16; /* 8 at the end of a part whose size is 8 mod 16 */
-            for (int64_t c = 0; c < max_rank; c += 16) { /* once for all the item's tokens */
-                __m512i r[16];
-                load_b16(b + o * max_rank, max_rank, valid, c, max_rank - c < 16 ? max_rank - c : 16, r);
-                transpose16(r); /* r[k], lane i: B[o + i][c + k] */
-                for (int k = 0; k < 16; ++k) columns[c + k] = (__m512)r[k];
-            }
-            const __mmask16 m = valid == 16 ? 0xffff : 0xff;
-            for (int64_t g = 0; g < n; g += EXPAND_GROUP) {
-                const int64_t count = n - g < EXPAND_GROUP ? n - g : EXPAND_GROUP;
-                __m512 acc[EXPAND_GROUP];
-                for (int t = 0; t < EXPAND_GROUP; ++t) acc[t] = _mm512_setzero_ps();
-                for (int64_t c = 0; c < max_rank; c += 16) {
-                    const int64_t w = max_rank - c < 16 ? max_rank - c : 16;
-                    const float *hp[EXPAND_GROUP];
-                    for (int t = 0; t < EXPAND_GROUP; ++t)
-                        hp[t] = h + rows[first + g + (t < count ? t : 0)] * h_stride + p * max_rank + c;
-                    /* rank by rank, the tokens' sums side by side: independent chains of FMAs, not a token's 16 in
-                     * a row waiting on each other; each token's sum adds in the same order. With that and plain
-                     * loads where a block is whole (below: masked loads of bf16 were slow on the Zen 5 VM), 4
-                     * projections x 30 layers x 8 slots at 64 tokens: 10.3 -> 4.7 ms (shrink 2.1; 2-vCPU AMD EPYC
-                     * Zen 5) */
-                    if (count == EXPAND_GROUP) /* a full group without the guards */
-                        for (int k = 0; k < w; ++k)
-                            for (int t = 0; t < EXPAND_GROUP; ++t)
-                                acc[t] = _mm512_fmadd_ps(_mm512_set1_ps(hp[t][k]), columns[c + k], acc[t]);
-                    else
-                        for (int k = 0; k < w; ++k)
-                            for (int t = 0; t < EXPAND_GROUP; ++t)
-                                if (t < count)
-                                    acc[t] = _mm512_fmadd_ps(_mm512_set1_ps(hp[t][k]), columns[c + k], acc[t]);
-                }
-                for (int64_t t = 0; t < count; ++t) { /* y rounded once, after its delta */
-                    act_t *yt = y + rows[first + g + t] * y_stride + o;
-#ifdef ACT_BF16
-                    if (valid == 16) { /* plain loads and stores, as load_b16's */
-                        const __m256i raw = _mm256_loadu_si256((const __m256i *)yt);
-                        const __m512 yv = (__m512)_mm512_slli_epi32(_mm512_cvtepu16_epi32(raw), 16);
-                        _mm256_storeu_si256((__m256i *)yt,
-                                            (__m256i)_mm512_cvtneps_pbh(_mm512_fmadd_ps(scale, acc[t], yv)));
-                        continue;
-                    }
-                    const __m512 yv =
-                        (__m512)_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(m, yt)), 16);
-                    _mm256_mask_storeu_epi16(yt, m, (__m256i)_mm512_cvtneps_pbh(_mm512_fmadd_ps(scale, acc[t], yv)));
-#else
-                    if (valid == 16) {
-                        _mm512_storeu_ps(yt, _mm512_fmadd_ps(scale, acc[t], _mm512_loadu_ps(yt)));
-                        continue;
-                    }
-                    _mm512_mask_storeu_ps(yt, m, _mm512_fmadd_ps(scale, acc[t], _mm512_maskz_loadu_ps(m, yt)));
-#endif
-                }
-            }
+    const int64_t ranks = (max_rank + 15) / 16 * 16; /* a block's columns, zero past max_rank */
+    const int whole = n > EXPAND_GROUP;
+    if (whole) {
+        int64_t block = 0, offset = 0;
+        for (int64_t p = 0; p < num_parts; ++p) {
+            const int64_t end = offset + part_sizes[p];
+            for (int64_t o = offset; o < end; o += 16, ++block) /* valid: 8 at the end of a part of 8 mod 16 */
+                transpose_block(b, o, end - o < 16 ? end - o : 16, max_rank, ranks, columns + block * ranks, b_end);
+            offset = end;
         }
-        offset = end;
+    }
+    for (int64_t g = 0; g < n; g += EXPAND_GROUP) {
+        const int64_t count = n - g < EXPAND_GROUP ? n - g : EXPAND_GROUP;
+        int64_t block = 0, offset = 0;
+        for (int64_t p = 0; p < num_parts; ++p) {
+            const int64_t end = offset + part_sizes[p];
+            const float *hp[EXPAND_GROUP];
+            for (int t = 0; t < EXPAND_GROUP; ++t)
+                hp[t] = h + rows[first + g + (t < count ? t : 0)] * h_stride + p * max_rank;
+            for (int64_t o = offset; o < end; o += 16, ++block) {
+                const int64_t valid = end - o < 16 ? end - o : 16;
+                __m512 *cols = whole ? columns + block * ranks : columns;
+                if (!whole) transpose_block(b, o, valid, max_rank, ranks, cols, b_end);
+                apply_block(y, y_stride, rows + first + g, hp, count, cols, max_rank, o, valid, scale);
+            }
+            offset = end;
+        }
     }
 }
 #endif
@@ -210,7 +250,6 @@ static void expand_item16(act_t *y, int64_t y_stride, const float *h, int64_t h_
  * 2-core Sapphire Rapids VM (gate|up, 8 slots, rank 16): see kernels/cpu/lora.py. */
 #if HAVE_DP && defined(__AMX_TILE__) && defined(__AMX_BF16__) && defined(__linux__)
 #define HAVE_AMX 1
-#include <omp.h>
 
 #include "amx.h"
 
@@ -475,8 +514,9 @@ static int plan_call(const int64_t *slots, int64_t num_rows, int64_t tile, int64
     if (plan->items == NULL) return -1;
     plan->pack_rows = (int64_t *)(plan->items + num_rows);
     plan->num_items = plan_items(slots, num_rows, tile, amx_rows, plan->items, plan->pack_rows, &plan->num_packs);
-    plan->ws = plan->num_packs ? workspace(plan->num_packs * pack_bytes + num_threads * scratch_bytes) : NULL;
-    if (plan->num_packs && plan->ws == NULL) {
+    const int needs = plan->num_packs || scratch_bytes > 0;
+    plan->ws = needs ? workspace(plan->num_packs * pack_bytes + num_threads * scratch_bytes) : NULL;
+    if (needs && plan->ws == NULL) {
         free(plan->items);
         return -1;
     }
@@ -532,7 +572,7 @@ int lora_shrink(const act_t *x, int64_t x_stride, const act_t *lora_a, int64_t i
     if (num_rows <= 0) return 0;
     const int amx = HAVE_AMX && in_features % 32 == 0 && rank_total % 16 == 0 && lora_amx();
     const size_t pack_bytes = (size_t)rank_total * in_features * sizeof(act_t);
-    const size_t scratch_bytes = 16 * in_features * sizeof(act_t) + 16 * 16 * sizeof(float);
+    const size_t scratch_bytes = amx ? 16 * in_features * sizeof(act_t) + 16 * 16 * sizeof(float) : 0;
     Plan plan;
     if (plan_call(slots, num_rows, TILE, amx ? AMX_SHRINK_ROWS : 0, pack_bytes, scratch_bytes, num_threads, &plan))
         return -1;
@@ -578,7 +618,9 @@ int lora_shrink(const act_t *x, int64_t x_stride, const act_t *lora_a, int64_t i
  * against each of its n <= TILE tokens' h. */
 static void expand_item(act_t *y, int64_t y_stride, const float *h, int64_t h_stride, const act_t *lora_b,
                         int64_t out_total, int64_t max_rank, const int64_t *part_sizes, int64_t num_parts,
-                        const float *scales, const int64_t *rows, const int64_t *slots, int64_t first, int64_t n) {
+                        const float *scales, const int64_t *rows, const int64_t *slots, int64_t first, int64_t n,
+                        void *unused) {
+    (void)unused;
     const int64_t s = slots[first], rvecs = max_rank / LANES;
     const act_t *b = lora_b + s * out_total * max_rank;
     const vf scale = splat(scales[s]);
@@ -618,8 +660,10 @@ static void expand_item(act_t *y, int64_t y_stride, const float *h, int64_t h_st
 
 #if HAVE_EXPAND16
 #define EXPAND_ITEM expand_item16
+#define EXPAND_SCRATCH(max_rank, part_sizes, num_parts) expand_columns_bytes(max_rank, part_sizes, num_parts)
 #else
 #define EXPAND_ITEM expand_item
+#define EXPAND_SCRATCH(max_rank, part_sizes, num_parts) ((size_t)0)
 #endif
 
 /* y[rows[i], part p] += scales[s] * lora_b[s][part p rows] @ h[rows[i], p * max_rank : (p + 1) * max_rank] with
@@ -639,7 +683,9 @@ int lora_expand(act_t *y, int64_t y_stride, const float *h, int64_t h_stride, co
     amx = amx && lora_amx();
     const int64_t rank_total = num_parts * max_rank;
     const size_t pack_bytes = (size_t)out_total * max_rank * sizeof(act_t);
-    const size_t scratch_bytes = 2 * 16 * rank_total * sizeof(act_t) + 16 * 32 * sizeof(float);
+    /* a thread's scratch: the AMX units' (on CPUs with tiles), then the vector loop's transposed B */
+    const size_t amx_bytes = amx ? 2 * 16 * rank_total * sizeof(act_t) + 16 * 32 * sizeof(float) : 0;
+    const size_t scratch_bytes = amx_bytes + EXPAND_SCRATCH(max_rank, part_sizes, num_parts);
     Plan plan;
     if (plan_call(slots, num_rows, EXPAND_TILE, amx ? AMX_EXPAND_ROWS : 0, pack_bytes, scratch_bytes, num_threads,
                   &plan))
@@ -647,11 +693,15 @@ int lora_expand(act_t *y, int64_t y_stride, const float *h, int64_t h_stride, co
     const Item *items = plan.items;
     const int64_t num_items = plan.num_items, num_packs = plan.num_packs;
     if (num_packs == 0) { /* the vector loop only: items of up to EXPAND_TILE tokens, one at a time */
-#pragma omp parallel for schedule(dynamic, 1) num_threads(num_threads)
-        for (int64_t i = 0; i < num_items; ++i) {
-            const Item item = items[i];
-            EXPAND_ITEM(y, y_stride, h, h_stride, lora_b, out_total, max_rank, part_sizes, num_parts, scales, rows,
-                        slots, item.first, item.n);
+#pragma omp parallel num_threads(num_threads)
+        {
+            void *columns = plan.ws == NULL ? NULL : plan.ws + omp_get_thread_num() * scratch_bytes + amx_bytes;
+#pragma omp for schedule(dynamic, 1)
+            for (int64_t i = 0; i < num_items; ++i) {
+                const Item item = items[i];
+                EXPAND_ITEM(y, y_stride, h, h_stride, lora_b, out_total, max_rank, part_sizes, num_parts, scales,
+                            rows, slots, item.first, item.n, columns);
+            }
         }
     }
 #if HAVE_AMX
@@ -673,7 +723,7 @@ int lora_expand(act_t *y, int64_t y_stride, const float *h, int64_t h_stride, co
                                (bf16 *)scratch, (float *)(scratch + 2 * 16 * rank_total * sizeof(act_t)));
                 else
                     EXPAND_ITEM(y, y_stride, h, h_stride, lora_b, out_total, max_rank, part_sizes, num_parts, scales,
-                                rows, slots, item.first, item.n);
+                                rows, slots, item.first, item.n, (void *)(scratch + amx_bytes));
             }
             _tile_release();
         }
