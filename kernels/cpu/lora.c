@@ -104,9 +104,7 @@ static inline void transpose16(__m512i r[16]) {
 #define HAVE_EXPAND16 1
 #define EXPAND_TILE 64 /* tokens of one slot an item: each transposed block of B serves them all */
 #define EXPAND_GROUP 16 /* of them side by side in registers */
-#ifndef PREFETCH_BLOCKS
-#define PREFETCH_BLOCKS 4 /* blocks of 16 rows of B fetched ahead of the one transposed */
-#endif
+#define PREFETCH_BLOCKS 4 /* blocks of 16 rows of B fetched ahead of the one transposed (2 and 8: slower) */
 
 /* r[i] = row i of B's block (float32 bits), ranks c .. c + w - 1 (w 8 or 16, zero past it); rows past `rows` zero. */
 static inline void load_b16(const act_t *b, int64_t max_rank, int64_t rows, int64_t c, int64_t w, __m512i r[16]) {
@@ -195,8 +193,9 @@ static inline void apply_block(act_t *y, int64_t y_stride, const int64_t *rows, 
  * transposed, from L1. More first transpose the whole of the slot's B into `columns` (L2), then each group of
  * tokens walks its y rows from the first output to the last: transposing block by block and giving every token its
  * 16 outputs of the block read y by columns, 32 bytes a row, with B's loads waited on between blocks (4 projections x
- * 30 layers x 8 slots, bf16, 2-core AMD EPYC Zen 4: 2048 tokens 136-199 -> 97-102 ms, 256 tokens 15.5-26 -> 12.3;
- * one call of gate|up at 2048 tokens, warm, runs the FMAs at ~65% of the core's peak). */
+ * 30 layers x 8 slots, bf16, 2-core AMD EPYC Zen 4, with the prefetch: 2048 tokens 136-199 -> 89-102 ms, 256 tokens
+ * 26 -> 11.4-13.8, 64 tokens 6.4-6.6 -> 4.9-5.7; one call of gate|up at 2048 tokens, warm, runs the FMAs at ~65% of
+ * the core's peak). */
 static void expand_item16(act_t *y, int64_t y_stride, const float *h, int64_t h_stride, const act_t *lora_b,
                           int64_t out_total, int64_t max_rank, const int64_t *part_sizes, int64_t num_parts,
                           const float *scales, const int64_t *rows, const int64_t *slots, int64_t first, int64_t n,
