@@ -150,7 +150,7 @@ static void quantize_row(const void *x, int bf16_x, int64_t k, int8_t *q, float 
             const __m512 y0 = _mm512_fmadd_ps(_mm512_sub_ps(acc[r][0], c), s0, b0);                                \
             const __m512 y1 = _mm512_fmadd_ps(_mm512_sub_ps(acc[r][1], c), s1, b1);                                \
             if (bf16_y) {                                                                                          \
-                _mm512_storeu_si512((bf16 *)y + r * n, (__m512i)_mm512_cvtne2ps_pbh(y1, y0));                      \
+                store_bf16x32((bf16 *)y + r * n, y0, y1);                                                          \
             } else {                                                                                               \
                 _mm512_storeu_ps((float *)y + r * n, y0);                                                          \
                 _mm512_storeu_ps((float *)y + r * n + 16, y1);                                                     \
@@ -255,7 +255,7 @@ static void amx_block(const int8_t *xq, const float *xs, const float *corr, int6
         const __m512 y0 = _mm512_fmadd_ps(_mm512_sub_ps(_mm512_load_ps(acc + r * PANEL), c), s0, b0);
         const __m512 y1 = _mm512_fmadd_ps(_mm512_sub_ps(_mm512_load_ps(acc + r * PANEL + 16), c), s1, b1);
         if (bf16_y) {
-            _mm512_storeu_si512((bf16 *)y + r * n, (__m512i)_mm512_cvtne2ps_pbh(y1, y0));
+            store_bf16x32((bf16 *)y + r * n, y0, y1);
         } else {
             _mm512_storeu_ps((float *)y + r * n, y0);
             _mm512_storeu_ps((float *)y + r * n + 16, y1);

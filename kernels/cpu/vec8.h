@@ -97,6 +97,27 @@ static inline void store_bf16(bf16 *p, vf v) {
 }
 #endif
 
+#if defined(__AVX512F__) && defined(__AVX512BW__)
+/* 32 floats (lo then hi) to 32 bfloat16 at p, rounded to nearest even: vcvtne2ps2bf16 where the CPU has AVX512-BF16
+ * (denormal inputs count as zero), else the same rounding in integer steps (denormals kept, a NaN stays a quiet
+ * NaN), for CPUs with AVX-512 VNNI but no BF16 (Ice Lake, and Xeon VMs that hide it). */
+static inline void store_bf16x32(bf16 *p, __m512 lo, __m512 hi) {
+#if defined(__AVX512BF16__)
+    _mm512_storeu_si512(p, (__m512i)_mm512_cvtne2ps_pbh(hi, lo));
+#else
+    const __m512 halves[2] = {lo, hi};
+    for (int i = 0; i < 2; ++i) {
+        const __m512i u = _mm512_castps_si512(halves[i]);
+        const __m512i odd = _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1));
+        __m512i h = _mm512_srli_epi32(_mm512_add_epi32(_mm512_add_epi32(u, _mm512_set1_epi32(0x7fff)), odd), 16);
+        const __mmask16 nan = _mm512_cmp_ps_mask(halves[i], halves[i], _CMP_UNORD_Q);
+        h = _mm512_mask_mov_epi32(h, nan, _mm512_or_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(0x40)));
+        _mm256_storeu_si256((__m256i *)(p + 16 * i), _mm512_cvtepi32_epi16(h));
+    }
+#endif
+}
+#endif
+
 #if defined(__AVX512F__)
 /* {hsum(a[0]), ..., hsum(a[15])} of 16 floats each: a transpose folded into the sums, 30 shuffles and 15 adds. */
 static inline __m512 hsum16(const __m512 a[16]) {

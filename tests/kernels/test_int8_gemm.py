@@ -63,6 +63,20 @@ def test_matches_the_same_quantization_in_float64(dtype, m, n, k, bias):
     assert torch.equal(int8_gemm.int8_gemm(x[-1:].clone(), int8_gemm.pack(weight.qweight, weight.scales), b), y[-1:])
 
 
+@needs_kernel
+@pytest.mark.parametrize("m", [1, 6, 7, 64])
+def test_bf16_results_are_the_float32_results_rounded_to_nearest_even(m):
+    """bf16 x holds the same values as its float32 copy, so both quantize alike and sum alike: the bf16 call's y
+    is the float32 call's y rounded once, as torch rounds (vcvtne2ps2bf16 where the CPU has AVX512-BF16, integer
+    steps where it has VNNI without BF16)."""
+    x, weight, b = operands(m, 576, 1536, torch.bfloat16, True, seed=m)
+    packed = int8_gemm.pack(weight.qweight, weight.scales)
+    y16 = int8_gemm.int8_gemm(x, packed, b)
+    y32 = int8_gemm.int8_gemm(x.float(), packed, b.float())
+    assert y16 is not None and y32 is not None and y16.dtype == torch.bfloat16
+    assert torch.equal(y16, y32.to(torch.bfloat16))
+
+
 def test_amx_tiles_only_where_the_cpu_has_them():
     assert int8_gemm.amx() <= ({"amx_tile", "amx_int8"} <= cpu_info().flags and HAS_VNNI)
 

@@ -27,3 +27,49 @@ def test_loading_a_kernel_leaves_denormals_alone_in_the_loading_thread(name, tmp
                             cwd=ROOT, timeout=300)
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == "True"  # a denormal double survived a multiplication
+
+
+# The CPU kinds these machines have been (each -march stands in for one), since a kernel is compiled with
+# -march=native on whatever CPU it lands on and an intrinsic outside its #if guard fails only there (a Xeon VM with
+# AVX-512 VNNI but no BF16 lost the int8 GEMM that way). The variants are the -D sets the Python wrappers build.
+CPU_KINDS = {
+    "sse2 only": ("-march=x86-64",),
+    "avx2 + fma (Zen 1, Haswell)": ("-march=x86-64-v3",),
+    "avx512 vnni, no bf16 (Ice Lake, Xeon VMs hiding it)": ("-march=icelake-server",),
+    "avx512 vnni + bf16, no amx (Zen 4, Zen 5)": ("-march=icelake-server", "-mavx512bf16"),
+    "amx (Sapphire Rapids)": ("-march=sapphirerapids",),
+}
+
+
+def _variants() -> dict[str, set[tuple[str, ...]]]:
+    from kernels.cpu import attention, rms_norm, rotary_kv, silu_mul
+
+    built = {name: {()} for name in LIBRARIES}
+    built["lora"] = {(), ("ACT_BF16",)}
+    for name, module in (("paged_attention", attention), ("rms_norm", rms_norm), ("rotary_kv", rotary_kv),
+                         ("silu_mul", silu_mul)):
+        built[name] = set(module._VARIANTS.values())
+    return built
+
+
+@pytest.mark.skipif(os.uname().machine != "x86_64", reason="the CPU kinds are x86 targets of the host's compiler")
+@pytest.mark.parametrize("kind", CPU_KINDS)
+def test_every_kernel_and_variant_compiles_for_each_cpu_kind(kind, tmp_path):
+    from concurrent.futures import ThreadPoolExecutor
+
+    from kernels.cpu import native
+
+    compiler = os.environ.get("CC") or "cc"
+    flags = [flag for flag in native.FLAGS if flag != "-march=native"] + list(CPU_KINDS[kind])
+
+    def compile_one(job):
+        name, variant = job
+        command = [compiler, *flags, *native.SOURCE_FLAGS.get(name, ()), *(f"-D{d}" for d in variant), "-c",
+                   str(ROOT / "kernels" / "cpu" / f"{name}.c"), "-o", str(tmp_path / "-".join((name, *variant, "o")))]
+        result = subprocess.run(command, capture_output=True, text=True, timeout=300)
+        return name, variant, result.returncode, result.stderr[-1500:]
+
+    jobs = [(name, variant) for name, variants in _variants().items() for variant in sorted(variants)]
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        failed = [(name, variant, err) for name, variant, rc, err in pool.map(compile_one, jobs) if rc != 0]
+    assert not failed, failed
