@@ -10,9 +10,10 @@ memory as a step does, not from a warm cache. Band ``(M/2, M]`` takes the fastes
 most bands for the shape is within ``_MARGIN`` there: a second path for a shape costs a second copy of its weights.
 
 The choice is cached in ``$ENGINE_GEMM_CACHE_DIR`` (default ``~/.cache/lora-platform/gemm``) under a key made of
-the CPU model and its GEMM-relevant flags, the torch version, the thread count, the dtype, the paths and the
-shapes with their weight formats, so a restart reads it instead of timing again; a choice timed on a busy machine
-is not cached, and keeps only each projection's majority path (its band-by-band differences are noise then).
+the CPU model and its GEMM-relevant flags, the torch version, a digest of the C kernels' sources, the thread count,
+the dtype, the paths and the shapes with their weight formats, so a restart reads it instead of timing again (and a
+new kernel is timed again); a choice timed on a busy machine is not cached, and keeps only each projection's
+majority path (its band-by-band differences are noise then).
 """
 
 import hashlib
@@ -31,6 +32,7 @@ from engine.cpu_info import cpu_info
 from engine.models.gemm import PATHS, LinearKernel, available_paths
 from engine.models.linear import Projection
 from engine.models.quant import allows_w8a8, weight_format
+from kernels.cpu import native
 
 logger = logging.getLogger(__name__)
 
@@ -249,6 +251,7 @@ def _cache_key(groups: list[GemmGroup], dtype: torch.dtype) -> dict:
     info = cpu_info()
     paths = sorted({path for group in groups for path in group.paths})
     return {"format": _FORMAT, "cpu": info.model_name, "flags": info.gemm_flags, "torch": torch.__version__,
+            "kernels": native.sources_digest(),  # a changed C kernel times its paths again
             "threads": torch.get_num_threads(), "dtype": str(dtype).removeprefix("torch."), "paths": paths,
             "shapes": [group.shape for group in groups]}
 

@@ -58,6 +58,14 @@ def _cpu_fingerprint() -> str:
 
 
 @cache
+def sources_digest() -> str:
+    """A digest of every kernel source and header here: what a timing of the kernels (the GEMM choice) depends on."""
+    folder = Path(__file__).parent
+    return hashlib.sha256(b"\0".join(path.read_bytes() for path in sorted([*folder.glob("*.c"), *folder.glob("*.h")]))
+                          ).hexdigest()[:16]
+
+
+@cache
 def load(name: str, variant: tuple[str, ...] = ()) -> ctypes.CDLL | None:
     """The compiled ``<name>.c`` next to this file built with ``-D`` each of ``variant``, or None when native
     kernels are off or cannot be built."""

@@ -20,12 +20,14 @@
  */
 #include <omp.h>
 #include <stdint.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "vec8.h"
 
 #define PANEL 32 /* output columns of a panel */
 #define ROWS 8   /* rows of x a microkernel call takes */
+#define JCHUNK 16 /* inputs between two slices of the next panel's prefetch (float32 kernels) */
 
 /* 1 when this build has the bf16 kernel (a CPU with AVX512-BF16), else 0; packed_gemm_f32_available the same for
  * float32 (AVX-512F, or AVX2 with FMA). */
@@ -147,23 +149,34 @@ int packed_gemm(const bf16 *x, int64_t m, const bf16 *packed, const bf16 *bias, 
 #if defined(__AVX512F__)
 int packed_gemm_f32_available(void) { return 1; }
 
-/* float32: per inner index, two panel rows (32 columns) times a broadcast x[r][j], on FMAs. */
-#define KERNEL_F32(R)                                                                                     \
-    static inline void kernel_f32_##R(const float *x, int64_t k, const float *panel, const char *next,     \
-                                      int64_t from, int64_t count, const float *bias, float *y, int64_t n) { \
+/* float32: per inner index, two panel rows (32 columns) times a broadcast x[r][j], on FMAs. x comes in blocks of
+ * ROWS_F32 rows interleaved ([k][ROWS_F32], xp below), so every broadcast is one pointer plus a constant: with a
+ * pointer per row (8 rows) GCC ran out of integer registers and moved them through vector ones, each move a uop on
+ * the FMA port (79% of the FMA peak at best); 12 rows x 32 columns of sums are 24 of the 32 registers. Up to 16
+ * rows keep the rows as they come (8 at a time): there the weight's read from memory sets the pace, not the FMAs.
+ * On the 2-vCPU Xeon VM (model 207, AVX-512 without BF16; FMA peak 340-348 GFLOP/s on both cores), the four
+ * projections with 30 layers' weights cycled, against 8 rows with a pointer each: M = 64 52.0-52.2 -> 47.4-49.7 ms
+ * (260 -> 287 GFLOP/s), M = 256 205-210 -> 184-187 (264 -> 293), M <= 16 the same; the same bits. */
+#define ROWS_F32 12
+
+#define X_ROWS(r, j) x[(r) * k + (j)]         /* x as it comes: a row per r */
+#define X_BLOCK(r, j) x[(j) * ROWS_F32 + (r)] /* a block of xp: the rows side by side */
+#define KERNEL_F32(NAME, R, X)                                                                            \
+    static inline void NAME##_##R(const float *x, int64_t k, const float *panel, const char *next,         \
+                                  int64_t from, int64_t count, const float *bias, float *y, int64_t n) {  \
         __m512 acc[R][2];                                                                                 \
         for (int r = 0; r < R; ++r) acc[r][0] = acc[r][1] = _mm512_setzero_ps();                         \
-        int64_t fetched = 0;                                                                              \
+        const char *fetch = next + from * 64;                                                             \
+        int64_t due = 0; /* count lines over k inputs, one each time `due` passes k (no division a step) */ \
         for (int64_t j = 0; j < k; ++j) {                                                                 \
             const __m512 w0 = _mm512_loadu_ps(panel + j * PANEL), w1 = _mm512_loadu_ps(panel + j * PANEL + 16); \
             for (int r = 0; r < R; ++r) {                                                                 \
-                const __m512 a = _mm512_set1_ps(x[r * k + j]);                                            \
+                const __m512 a = _mm512_set1_ps(X(r, j));                                                 \
                 acc[r][0] = _mm512_fmadd_ps(a, w0, acc[r][0]);                                            \
                 acc[r][1] = _mm512_fmadd_ps(a, w1, acc[r][1]);                                            \
             }                                                                                             \
             if (next != NULL)                                                                             \
-                for (const int64_t until = (j + 1) * count / k; fetched < until; ++fetched)               \
-                    __builtin_prefetch(next + (from + fetched) * 64, 0, 1);                               \
+                for (due += count; due >= k; due -= k, fetch += 64) __builtin_prefetch(fetch, 0, 1);      \
         }                                                                                                 \
         const __m512 b0 = bias != NULL ? _mm512_loadu_ps(bias) : _mm512_setzero_ps();                    \
         const __m512 b1 = bias != NULL ? _mm512_loadu_ps(bias + 16) : _mm512_setzero_ps();               \
@@ -173,25 +186,59 @@ int packed_gemm_f32_available(void) { return 1; }
         }                                                                                                 \
     }
 
-KERNEL_F32(1)
-KERNEL_F32(2)
-KERNEL_F32(3)
-KERNEL_F32(4)
-KERNEL_F32(5)
-KERNEL_F32(6)
-KERNEL_F32(7)
-KERNEL_F32(8)
+#define EACH_R_TO_8(OP, X) OP(1, X) OP(2, X) OP(3, X) OP(4, X) OP(5, X) OP(6, X) OP(7, X) OP(8, X)
+#define ROWS_KERNEL(R, X) KERNEL_F32(rows_f32, R, X)
+#define BLOCK_KERNEL(R, X) KERNEL_F32(block_f32, R, X)
+EACH_R_TO_8(ROWS_KERNEL, X_ROWS)
+EACH_R_TO_8(BLOCK_KERNEL, X_BLOCK)
+BLOCK_KERNEL(9, X_BLOCK)
+BLOCK_KERNEL(10, X_BLOCK)
+BLOCK_KERNEL(11, X_BLOCK)
+BLOCK_KERNEL(12, X_BLOCK)
 
 typedef void (*KernelF32)(const float *, int64_t, const float *, const char *, int64_t, int64_t, const float *,
                           float *, int64_t);
-static const KernelF32 kernels_f32[ROWS + 1] = {NULL,         kernel_f32_1, kernel_f32_2, kernel_f32_3, kernel_f32_4,
-                                                kernel_f32_5, kernel_f32_6, kernel_f32_7, kernel_f32_8};
+static const KernelF32 rows_f32[ROWS + 1] = {NULL,       rows_f32_1, rows_f32_2, rows_f32_3, rows_f32_4,
+                                             rows_f32_5, rows_f32_6, rows_f32_7, rows_f32_8};
+static const KernelF32 block_f32[ROWS_F32 + 1] = {
+    NULL,         block_f32_1, block_f32_2, block_f32_3,  block_f32_4,  block_f32_5, block_f32_6,
+    block_f32_7, block_f32_8, block_f32_9, block_f32_10, block_f32_11, block_f32_12};
 
 /* y [m, n] = x [m, k] @ W.T (+ bias [n]), W packed by packed_gemm_pack_f32; all float32. */
 int packed_gemm_f32(const float *x, int64_t m, const float *packed, const float *bias, int64_t n, int64_t k,
                     float *y, int64_t num_threads) {
     if (m < 1 || n <= 0 || k <= 0 || n % PANEL) return -1;
-    DRIVE(float, kernels_f32, k * PANEL);
+    if (m <= 2 * ROWS) { /* x's rows as they are, 8 at a time: interleaving them costs more than it gains */
+        DRIVE(float, rows_f32, k * PANEL);
+        return 0;
+    }
+    const int64_t panels = n / PANEL, panel_size = k * PANEL, lines = panel_size * (int64_t)sizeof(float) / 64;
+    const int64_t blocks = (m + ROWS_F32 - 1) / ROWS_F32, per_block = (m + blocks - 1) / blocks; /* even blocks */
+    float *xp = malloc((size_t)(blocks * k * ROWS_F32) * sizeof(float)); /* [blocks][k][ROWS_F32] */
+    if (xp == NULL) return -1;
+#pragma omp parallel num_threads(num_threads)
+    {
+#pragma omp for schedule(static)
+        for (int64_t b = 0; b < blocks; ++b) {
+            const int64_t r0 = b * per_block, rows = m - r0 < per_block ? m - r0 : per_block;
+            float *block = xp + b * k * ROWS_F32;
+            for (int64_t r = 0; r < rows; ++r)
+                for (int64_t j = 0; j < k; ++j) block[j * ROWS_F32 + r] = x[(r0 + r) * k + j];
+        } /* (the rows past m of the last block are never read) */
+        const int64_t threads = omp_get_num_threads(), t = omp_get_thread_num();
+        const int64_t first = panels * t / threads, last = panels * (t + 1) / threads;
+        for (int64_t p = first; p < last; ++p) {
+            const float *panel = packed + p * panel_size;
+            const char *next = p + 1 < last ? (const char *)(panel + panel_size) : NULL;
+            for (int64_t b = 0; b < blocks; ++b) {
+                const int64_t r0 = b * per_block, rows = m - r0 < per_block ? m - r0 : per_block;
+                const int64_t from = lines * b / blocks, count = lines * (b + 1) / blocks - from;
+                block_f32[rows](xp + b * k * ROWS_F32, k, panel, next, from, count,
+                                  bias == NULL ? NULL : bias + p * PANEL, y + r0 * n + p * PANEL, n);
+            }
+        }
+    }
+    free(xp);
     return 0;
 }
 #elif defined(__AVX2__) && defined(__FMA__)
@@ -208,7 +255,6 @@ int packed_gemm_f32_available(void) { return 1; }
  * weights cycled, both cores: M = 8 18-19 ms against 37 for oneDNN's fp32 on its own blocked weights, M = 64 86-91
  * against 115, M = 256 430 against 387 (the GEMM choice keeps oneDNN there). */
 #define ROWS_AVX2 6
-#define JCHUNK 16
 
 #define EACH_ROW(OP) OP(0) OP(1) OP(2) OP(3) OP(4) OP(5)
 #define ROW_SUMS(r) __m256 sum##r##a = _mm256_setzero_ps(), sum##r##b = _mm256_setzero_ps();
