@@ -188,6 +188,7 @@ async def run(url: str, plan: list[tuple[float, str, list[int]]], keyed: bool) -
     started = time.perf_counter()
     async with httpx.AsyncClient(base_url=url, headers=headers, timeout=1200, limits=limits) as http:
         steps_before = await step_totals(http)
+        preempted_before = ((await http.get("/stats")).json().get("fairness") or {}).get("preemptions", 0)
         tasks = []
         for at, tenant, ids in plan:
             delay = at - (time.perf_counter() - started)
@@ -203,7 +204,8 @@ async def run(url: str, plan: list[tuple[float, str, list[int]]], keyed: bool) -
     out = {"duration_s": duration, "output_tok_s": output_tokens / duration, "steps": num_steps,
            "mean_step_ms": 1000 * step_s / num_steps if num_steps else None,
            "output_tokens_per_step": output_tokens / num_steps if num_steps else None,
-           "fairness": stats.get("fairness")}
+           "fairness": stats.get("fairness"),  # the server's counters, cumulative over its runs
+           "fair_preemptions": (stats.get("fairness") or {}).get("preemptions", 0) - preempted_before}
     for tenant in (LIGHT, HEAVY):
         mine = [r for t, r in results if t == tenant]
         ok = [r for r in mine if r.ok]
@@ -286,7 +288,7 @@ def print_run(name: str, r: dict) -> None:
     print(f"{name:8}: light TTFT p50 {r[LIGHT]['ttft_ms']['p50']:.0f} ms p99 {r[LIGHT]['ttft_ms']['p99']:.0f} ms;"
           f" heavy failed {r[HEAVY]['failed']}; {r['output_tok_s']:.1f} tok/s;"
           f" mean step {r['mean_step_ms']:.1f} ms, {r['output_tokens_per_step']:.2f} output tokens a step;"
-          f" fairness preemptions {(r['fairness'] or {}).get('preemptions')}", flush=True)
+          f" fairness preemptions {r['fair_preemptions']}", flush=True)
 
 
 def main(argv: list[str] | None = None) -> int:
