@@ -38,6 +38,7 @@ from engine.sequence import SequenceStatus
 from engine.spec_decode.config import SpeculativeConfig
 from engine.spec_decode.decoder import SpecDecoder
 from engine.structured.decoding import StructuredDecoding
+from kernels.cpu import native
 
 logger = logging.getLogger(__name__)
 _IDLE_LOAD_WAIT_S = 0.02
@@ -344,6 +345,7 @@ class LLMEngine:
             "fairness": self.scheduler.admission.stats(),  # counters by opaque key, never a tenant's name
             "speculative": self.spec.stats() if self.spec is not None else None,
             "gemm": self.model_runner.gemm.stats(),  # dtype and the GEMM path of each projection per band of M
+            "kernels": native.report(),  # the C kernels loaded, and any that did not build for this CPU
             "tensor_parallel": self.model_runner.parallel_stats(),  # collectives run and their time; None: TP 1
             **(self.adapters.stats() if self.adapters is not None else _NO_ADAPTERS),
         }

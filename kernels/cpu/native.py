@@ -30,6 +30,17 @@ LINK_FLAGS = ("-shared", "-fopenmp")
 SOURCE_FLAGS = {"rotary_kv": ("-fno-fast-math", "-ffp-contract=off"), "rms_norm": ("-fno-fast-math",)}
 
 
+# What load() did so far, by "name" or "name+VARIANT+...": built (or read from the cache), or why not (`report`).
+_LOADED: set[str] = set()
+_FAILED: dict[str, str] = {}
+
+
+def report() -> dict:
+    """The kernels loaded so far and those that fell back to torch, with the compiler's last line of error: for
+    ``/stats``, where a CPU the sources do not build for shows up instead of only running slower."""
+    return {"enabled": enabled(), "loaded": sorted(_LOADED), "failed": dict(sorted(_FAILED.items()))}
+
+
 def enabled() -> bool:
     value = os.environ.get("KERNELS_CPU_NATIVE", "1").strip().lower()
     if value not in ("0", "1", "false", "true", "no", "yes", "off", "on"):
@@ -83,14 +94,17 @@ def load(name: str, variant: tuple[str, ...] = ()) -> ctypes.CDLL | None:
                      compiler.encode(), _cpu_fingerprint().encode()])
     ).hexdigest()[:16]
     target = cache_dir() / f"{name}-{digest}.so"
+    label = "+".join((name, *variant))
     if not target.exists():
         try:
             _build(compiler, flags, source, target)
         except (OSError, subprocess.SubprocessError) as error:
-            detail = getattr(error, "stderr", b"") or b""
-            logger.warning("building %s failed (%s %s): using the pure-torch path", name, error,
-                           detail.decode(errors="replace")[-2000:])
+            detail = (getattr(error, "stderr", b"") or b"").decode(errors="replace")
+            logger.warning("building %s failed (%s %s): using the pure-torch path", name, error, detail[-2000:])
+            errors = [line for line in detail.splitlines() if "error" in line]
+            _FAILED[label] = (errors[0] if errors else str(error))[-300:]
             return None
+    _LOADED.add(label)
     return ctypes.CDLL(str(target))
 
 

@@ -123,6 +123,8 @@ def test_first_start_times_and_writes_the_cache_and_a_restart_reads_it(tiny_llam
     first = LLM(str(tiny_llama), dtype="float32", num_kv_blocks=64, block_size=4, max_num_batched_tokens=64)
     stats = first.llm_engine.stats()["gemm"]
     assert stats["source"] == "measured" and stats["dtype"] == "float32" and stats["mode"] == "auto"
+    kernels = first.llm_engine.stats()["kernels"]  # every C kernel the engine asked for built on this CPU
+    assert kernels["failed"] == {} and (kernels["loaded"] or not kernels["enabled"])
     assert set(stats["bands"]) == {"q_proj+k_proj+v_proj", "o_proj", "gate_proj+up_proj", "down_proj", "lm_head"}
     assert stats["bands"]["lm_head"][-1]["max_tokens"] == 64  # min(max_num_seqs, max_num_batched_tokens)
     assert stats["gflops"]["o_proj"]["tokens"] == [1, 2, 4, 8, 16, 32, 64]

@@ -73,3 +73,35 @@ def test_every_kernel_and_variant_compiles_for_each_cpu_kind(kind, tmp_path):
     with ThreadPoolExecutor(max_workers=2) as pool:
         failed = [(name, variant, err) for name, variant, rc, err in pool.map(compile_one, jobs) if rc != 0]
     assert not failed, failed
+
+
+def test_a_kernel_that_does_not_build_is_reported_with_its_error(tmp_path, monkeypatch):
+    """``native.report()`` (the engine's ``/stats`` ``kernels``): what loaded, and what fell back to torch and why,
+    the compiler's first error line; a CPU the sources do not build for shows up there, not only as slowness."""
+    from kernels.cpu import native
+
+    def failing_build(compiler, flags, source, target):
+        raise subprocess.CalledProcessError(1, [compiler], stderr=b"x.h:58:1: note: here\nint8_gemm.c:153: error: "
+                                                                  b"inlining failed: target specific option mismatch\n")
+
+    monkeypatch.setenv("KERNELS_CACHE_DIR", str(tmp_path))
+    monkeypatch.delenv("KERNELS_CPU_NATIVE", raising=False)
+    monkeypatch.setattr(native, "_build", failing_build)
+    monkeypatch.setattr(native, "_LOADED", set())
+    monkeypatch.setattr(native, "_FAILED", {})
+    native.load.cache_clear()
+    try:
+        assert native.load("argmax") is None
+        report = native.report()
+        assert report["enabled"] and report["loaded"] == []
+        expected = "int8_gemm.c:153: error: inlining failed: target specific option mismatch"
+        assert report["failed"] == {"argmax": expected}
+        monkeypatch.undo()  # the real build again, in a cache of its own
+        monkeypatch.setenv("KERNELS_CACHE_DIR", str(tmp_path))
+        monkeypatch.delenv("KERNELS_CPU_NATIVE", raising=False)
+        monkeypatch.setattr(native, "_LOADED", set())
+        native.load.cache_clear()
+        assert native.load("argmax", ("ACT_BF16",)) is not None
+        assert native.report()["loaded"] == ["argmax+ACT_BF16"]
+    finally:
+        native.load.cache_clear()  # later tests load from the usual cache again
