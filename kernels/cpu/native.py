@@ -36,7 +36,7 @@ _FAILED: dict[str, str] = {}
 
 
 def report() -> dict:
-    """The kernels loaded so far and those that fell back to torch, with the compiler's last line of error: for
+    """The kernels loaded so far and those that fell back to torch, with the compiler's first error line: for
     ``/stats``, where a CPU the sources do not build for shows up instead of only running slower."""
     return {"enabled": enabled(), "loaded": sorted(_LOADED), "failed": dict(sorted(_FAILED.items()))}
 
@@ -104,8 +104,9 @@ def load(name: str, variant: tuple[str, ...] = ()) -> ctypes.CDLL | None:
             errors = [line for line in detail.splitlines() if "error" in line]
             _FAILED[label] = (errors[0] if errors else str(error))[-300:]
             return None
+    library = ctypes.CDLL(str(target))
     _LOADED.add(label)
-    return ctypes.CDLL(str(target))
+    return library
 
 
 def _build(compiler: str, flags: tuple[str, ...], source: Path, target: Path) -> None:

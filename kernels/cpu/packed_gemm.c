@@ -27,7 +27,6 @@
 
 #define PANEL 32 /* output columns of a panel */
 #define ROWS 8   /* rows of x a microkernel call takes */
-#define JCHUNK 16 /* inputs between two slices of the next panel's prefetch (float32 kernels) */
 
 /* 1 when this build has the bf16 kernel (a CPU with AVX512-BF16), else 0; packed_gemm_f32_available the same for
  * float32 (AVX-512F, or AVX2 with FMA). */
@@ -224,7 +223,7 @@ int packed_gemm_f32(const float *x, int64_t m, const float *packed, const float 
             float *block = xp + b * k * ROWS_F32;
             for (int64_t r = 0; r < rows; ++r)
                 for (int64_t j = 0; j < k; ++j) block[j * ROWS_F32 + r] = x[(r0 + r) * k + j];
-        } /* (the rows past m of the last block are never read) */
+        }
         const int64_t threads = omp_get_num_threads(), t = omp_get_thread_num();
         const int64_t first = panels * t / threads, last = panels * (t + 1) / threads;
         for (int64_t p = first; p < last; ++p) {
@@ -234,7 +233,7 @@ int packed_gemm_f32(const float *x, int64_t m, const float *packed, const float 
                 const int64_t r0 = b * per_block, rows = m - r0 < per_block ? m - r0 : per_block;
                 const int64_t from = lines * b / blocks, count = lines * (b + 1) / blocks - from;
                 block_f32[rows](xp + b * k * ROWS_F32, k, panel, next, from, count,
-                                  bias == NULL ? NULL : bias + p * PANEL, y + r0 * n + p * PANEL, n);
+                                bias == NULL ? NULL : bias + p * PANEL, y + r0 * n + p * PANEL, n);
             }
         }
     }
@@ -255,6 +254,7 @@ int packed_gemm_f32_available(void) { return 1; }
  * weights cycled, both cores: M = 8 18-19 ms against 37 for oneDNN's fp32 on its own blocked weights, M = 64 86-91
  * against 115, M = 256 430 against 387 (the GEMM choice keeps oneDNN there). */
 #define ROWS_AVX2 6
+#define JCHUNK 16
 
 #define EACH_ROW(OP) OP(0) OP(1) OP(2) OP(3) OP(4) OP(5)
 #define ROW_SUMS(r) __m256 sum##r##a = _mm256_setzero_ps(), sum##r##b = _mm256_setzero_ps();
