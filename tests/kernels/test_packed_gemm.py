@@ -15,7 +15,8 @@ HAS_DOTS = {"avx512_bf16", "avx512bw"} <= cpu_info().flags
 HAS_F32 = "avx512f" in cpu_info().flags or {"avx2", "fma"} <= cpu_info().flags
 needs_dots = pytest.mark.skipif(not HAS_DOTS, reason="the kernel needs AVX512-BF16; other CPUs never offer the path")
 needs_f32 = pytest.mark.skipif(not HAS_F32, reason="the fp32 kernel needs AVX-512 or AVX2 + FMA, as its path does")
-# every remainder of the 8-row (AVX2: 6-row) kernel, and from 17 rows on (AVX-512 float32) blocks of up to 12 rows
+# every remainder of the 8-row (AVX2: 6-row) kernel, and from 9 rows on (bf16; float32 on AVX-512 from 17) blocks of
+# up to 12 rows
 ROW_COUNTS = [1, 2, 3, 4, 5, 6, 7, 8, 9, 12, 15, 16, 17, 25, 37, 64, 130, 145]
 
 
@@ -73,13 +74,17 @@ def test_float32_matches_float64_products_to_the_sums_order(m, n, k, bias):
     assert torch.equal(packed_gemm.packed_gemm(x[-1:].clone(), packed_gemm.pack(w), b), y[-1:])
 
 
-@needs_f32
-@pytest.mark.parametrize("m", [17, 24, 40, 64, 145])
-def test_float32_blocks_of_interleaved_rows_give_the_8_row_kernels_bits(m):
-    """From 17 rows on, AVX-512 float32 interleaves x's rows in blocks of up to 12; each sum still runs over the
-    inputs in order from zero, so the result is bit for bit that of 8 rows at a time (x's rows as they come)."""
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("m", [9, 12, 17, 24, 40, 64, 145])
+def test_blocks_of_interleaved_rows_give_the_8_row_kernels_bits(m, dtype):
+    """From 9 rows on in bf16 (17 in AVX-512 float32) x's rows are interleaved in blocks of up to 12; each sum still
+    runs over the inputs in order from zero, so the result is bit for bit that of 8 rows at a time (x's rows as they
+    come)."""
+    if not (HAS_DOTS if dtype == torch.bfloat16 else HAS_F32):
+        pytest.skip(f"no {dtype} kernel on this CPU")
     g = torch.Generator().manual_seed(m)
-    x, w, b = torch.randn(m, 576, generator=g), torch.randn(960, 576, generator=g) / 24, torch.randn(960, generator=g)
+    x, w = torch.randn(m, 576, generator=g).to(dtype), (torch.randn(960, 576, generator=g) / 24).to(dtype)
+    b = torch.randn(960, generator=g).to(dtype)
     packed = packed_gemm.pack(w)
     pieces = torch.cat([packed_gemm.packed_gemm(x[i:i + 8].clone(), packed, b) for i in range(0, m, 8)])
     assert torch.equal(packed_gemm.packed_gemm(x, packed, b), pieces)
