@@ -90,11 +90,12 @@ typedef struct {
 /* acc = acc * correction + sum_t p[t] * v_t, the accumulator held in registers across the block. */
 #define AXPYS(NV)                                                                                        \
     static inline void axpys_##NV(float *acc, float correction, const float *p, const kv_t *v,          \
-                                  int64_t stride, int64_t n, int64_t nv_rt) {                            \
+                                  int64_t stride, int64_t n, int64_t nv_rt, Fetcher *fetch) {            \
         const int64_t nv = NV > 0 ? NV : nv_rt;                                                          \
         vf a[NV > 0 ? NV : MAX_VECS];                                                                    \
         for (int64_t i = 0; i < nv; ++i) a[i] = load(acc + i * LANES) * splat(correction);               \
         for (int64_t t = 0; t < n; ++t) {                                                                \
+            fetch_tick(fetch);                                                                           \
             const vf pt = splat(p[t]);                                                                   \
             for (int64_t i = 0; i < nv; ++i) a[i] += pt * load_kv(v + t * stride + i * LANES);           \
         }                                                                                                \
@@ -124,45 +125,14 @@ static inline float softmax_block(float *s, int64_t n, float *row_max, float *ro
     return correction;
 }
 
-/* Ask for slice `part` of `parts` of the cache lines of the next block's keys and values (`tokens` rows of `span`
- * elements, `stride` apart), into L2 (locality 1): a block's lines (192 for SmolLM2 in bf16) overflow L1's miss
- * buffers. A work item fetches one slice before each of its rows, so the loads spread over the block's computing:
- * asked for all at once, they stalled it and memory and arithmetic took turns (decode attention from a KV cache larger
- * than the L3, SmolLM2, 64 sequences, bf16, 2-core AMD EPYC Zen 4: 0.95 -> 0.67 ms a layer; fetching 2 blocks ahead
- * or into L1, no better). */
-static inline void prefetch_slice(const kv_t *k, const kv_t *v, int64_t tokens, int64_t stride, int64_t span,
-                                  int64_t part, int64_t parts) {
-    /* int8 rows (head_dim + 4 bytes) start anywhere in a line: one more line covers the row's end */
-    const int64_t line = 64 / sizeof(kv_t), per_row = (span + line - 1) / line + (sizeof(kv_t) == 1);
-    const int64_t lines = tokens * per_row;
-    for (int64_t i = lines * part / parts; i < lines * (part + 1) / parts; ++i) {
-        const int64_t at = (i / per_row) * stride + (i % per_row) * line;
-        __builtin_prefetch(k + at, 0, 1);
-        __builtin_prefetch(v + at, 0, 1);
-    }
-}
-
-/* Slice `part` of `parts` of the lines of the `step` keys from position `from` (at most to `last`): `span` elements
- * from `first` of rows `stride` apart, a block's run at a time (prefetch_slice). */
-static inline void prefetch_step(const Args *args, const int32_t *table, int64_t from, int64_t last, int64_t first,
-                                 int64_t span, int64_t stride, int64_t step, int64_t part, int64_t parts) {
-    const int64_t block_size = args->block_size, block_stride = block_size * stride;
-    const int64_t end = from + step <= last + 1 ? from + step : last + 1;
-    for (int64_t t = from, run; t < end; t += run) {
-        run = block_size - t % block_size;
-        if (run > end - t) run = end - t;
-        const int64_t at = (int64_t)table[t / block_size] * block_stride + (t % block_size) * stride + first;
-        if (span == stride) /* whole rows: the run is one range */
-            prefetch_slice(args->k_cache + at, args->v_cache + at, 1, 0, run * span, part, parts);
-        else
-            prefetch_slice(args->k_cache + at, args->v_cache + at, run, stride, span, part, parts);
-    }
-}
-
 /* The lines of the `step` keys from position `from` (at most to `last`) as offsets into either cache (K and V share
- * them): `span` elements from `first` of rows `stride` apart, whole runs of a block when the span is the row. Listed
- * once a step so that the rows fetch them a few at a time along their own loops (tile_dp); at most MAX_STEP_LINES
- * (what is past it is not fetched ahead). */
+ * them): `span` elements from `first` of rows `stride` apart, whole runs of a block when the span is the row; at most
+ * MAX_STEP_LINES (what is past it is not fetched ahead). Listed once a step, while the rows compute on the step
+ * before, and fetched into L2 (locality 1) a few at a time along the rows' own loops (Fetcher): a step's lines (384
+ * for SmolLM2's decode in bf16) overflow the miss buffers, and asked for all at once they stalled the loads behind
+ * them so that memory and arithmetic took turns (decode from a KV cache larger than the L3, SmolLM2, 64 sequences,
+ * bf16, 2-core AMD EPYC Zen 4: 0.95 -> 0.67 ms a layer with a slice at each row's start; fetching 2 blocks ahead or
+ * into L1, no better). */
 #define MAX_STEP_LINES 520 /* a step's K: COPY_BYTES in lines (256 in bf16), plus one a key where runs are short */
 static inline int64_t list_step_lines(const Args *args, const int32_t *table, int64_t from, int64_t last,
                                       int64_t first, int64_t span, int64_t stride, int64_t step, int64_t *lines) {
@@ -180,6 +150,28 @@ static inline int64_t list_step_lines(const Args *args, const int32_t *table, in
             for (int64_t c = 0; c < per_row && count < MAX_STEP_LINES; ++c) lines[count++] = at + r * stride + c * line;
     }
     return count;
+}
+
+/* The listed lines of the next step, issued a few at a time: `ticks` calls of fetch_tick issue all `count` of them,
+ * evenly; fetch_rest what is left (rows that saw fewer keys ticked less). */
+typedef struct {
+    const kv_t *k, *v;
+    const int64_t *lines;
+    int64_t count, done, due, ticks;
+} Fetcher;
+
+static inline void fetch_tick(Fetcher *f) {
+    for (f->due += f->count; f->due >= f->ticks; f->due -= f->ticks, ++f->done) {
+        __builtin_prefetch(f->k + f->lines[f->done], 0, 1);
+        __builtin_prefetch(f->v + f->lines[f->done], 0, 1);
+    }
+}
+
+static inline void fetch_rest(Fetcher *f) {
+    for (; f->done < f->count; ++f->done) {
+        __builtin_prefetch(f->k + f->lines[f->done], 0, 1);
+        __builtin_prefetch(f->v + f->lines[f->done], 0, 1);
+    }
 }
 
 /* `n` keys from position `pos` of one cache (`span` elements from `first` of rows `stride` apart) into buf, `span`
@@ -202,7 +194,7 @@ static inline void copy_step(const Args *args, const kv_t *cache, const int32_t 
  * the whole step: its scores, one softmax, one P.V. A row pays its fixed costs once a step, not once a block: fp32
  * prefill of 4 prompts of 200 tokens 1.83 -> 1.45 ms a layer (SmolLM2 shapes, 2-core AMD EPYC Zen 5, C harness),
  * decode as before (steps of 16 keys there, a block: K and V of larger steps fell out of L1 and ran slower). The
- * next step's lines are fetched a slice per row. */
+ * next step's lines are fetched along the rows' P.V, one tick a key. */
 #define TILE(NV)                                                                                         \
     DOTS(NV)                                                                                             \
     AXPYS(NV)                                                                                            \
@@ -235,21 +227,25 @@ static inline void copy_step(const Args *args, const kv_t *cache, const int32_t 
         }                                                                                                \
         const int64_t tile_last = last_pos[rows - 1];                                                    \
         kv_t kbuf[COPY_ELEMENTS], vbuf[COPY_ELEMENTS];                                                   \
+        int64_t fetch_lines[MAX_STEP_LINES];                                                             \
         for (int64_t pos = 0; pos <= tile_last; pos += step) {                                           \
             const int64_t n = tile_last - pos + 1 < step ? tile_last - pos + 1 : step;                   \
             const int64_t next = pos + step <= tile_last ? pos + step : -1;                              \
             copy_step(args, args->k_cache, block_table, pos, n, first, span, row_stride, kbuf);           \
             copy_step(args, args->v_cache, block_table, pos, n, first, span, row_stride, vbuf);           \
+            Fetcher fetch = {args->k_cache, args->v_cache, fetch_lines, 0, 0, 0, rows * n}; /* a tick a key */ \
+            if (next >= 0)                                                                               \
+                fetch.count = list_step_lines(args, block_table, next, tile_last, first, span, row_stride, step, \
+                                              fetch_lines);                                              \
             for (int64_t r = 0; r < rows; ++r) {                                                         \
-                if (next >= 0) /* the row's slice of each block of the next step */                      \
-                    prefetch_step(args, block_table, next, tile_last, first, span, row_stride, step, r, rows); \
                 int64_t seen = last_pos[r] - pos + 1;                                                    \
                 if (seen <= 0) continue;                                                                 \
                 if (seen > n) seen = n;                                                                  \
                 dots_##NV(q_rows[r], kbuf + kv_offset[r], span, seen, args->scale, nv, scores);          \
                 const float correction = softmax_block(scores, seen, &row_max[r], &row_sum[r]);          \
-                axpys_##NV(acc[r], correction, scores, vbuf + kv_offset[r], span, seen, nv);             \
+                axpys_##NV(acc[r], correction, scores, vbuf + kv_offset[r], span, seen, nv, &fetch);     \
             }                                                                                            \
+            fetch_rest(&fetch);                                                                          \
         }                                                                                                \
         for (int64_t r = 0; r < rows; ++r) {                                                             \
             const int64_t j = item.first_query + r / heads;                                              \
@@ -460,10 +456,10 @@ static inline void dequantize_step(const Args *args, const int32_t *table, int64
             const int64_t next = pos + step <= tile_last ? pos + step : -1;                              \
             /* the next step's lines, a few each pair of keys a row multiplies: asked for at once (a slice \
              * at each row's start), they filled the miss queue and stalled the loads behind them */       \
-            const int64_t fetches = next < 0 ? 0 : list_step_lines(args, block_table, next, tile_last, first, \
-                                                                  kv_span, row_stride, step, fetch_lines); \
-            const int64_t ticks = rows * ((n + 1) / 2); /* the pairs of keys the rows take this step */     \
-            int64_t fetched = 0, due = 0;                                                                \
+            Fetcher fetch = {args->k_cache, args->v_cache, fetch_lines, 0, 0, 0, rows * ((n + 1) / 2)};    \
+            if (next >= 0) /* ticks: the pairs of keys the rows take this step */                        \
+                fetch.count = list_step_lines(args, block_table, next, tile_last, first, kv_span, row_stride, step, \
+                                              fetch_lines);                                              \
             if (KV_Q) {                                                                                  \
                 dequantize_step(args, block_table, pos, n, first, item.num_kv_heads, head_dim, row_stride, \
                                 scale_stride, kbuf, vbuf, k_scales, v_scales);                           \
@@ -508,10 +504,7 @@ static inline void dequantize_step(const Args *args, const int32_t *table, int64
                         for (int64_t u = 0; u < (seen + 1) / 2; ++u) {                                   \
                             const __m512bh ph = (__m512bh)_mm512_set1_epi32((int)high[u]);               \
                             const __m512bh pl = (__m512bh)_mm512_set1_epi32((int)low[u]);                \
-                            for (due += fetches; due >= ticks; due -= ticks, ++fetched) {                \
-                                __builtin_prefetch(args->k_cache + fetch_lines[fetched], 0, 1);          \
-                                __builtin_prefetch(args->v_cache + fetch_lines[fetched], 0, 1);          \
-                            }                                                                            \
+                            fetch_tick(&fetch);                                                          \
                             for (int64_t i = 0; i < 2 * nz; ++i) {                                       \
                                 const __m512bh vv = (__m512bh)_mm512_loadu_si512(kh_values + u * 2 * span + 32 * i); \
                                 o[i] = _mm512_dpbf16_ps(o[i], ph, vv);                                   \
@@ -524,10 +517,7 @@ static inline void dequantize_step(const Args *args, const int32_t *table, int64
                                                                               _mm512_add_ps(o[i], o2[i]))); \
                     }                                                                                    \
             }                                                                                            \
-            for (; fetched < fetches; ++fetched) { /* rows that saw fewer keys ticked less */            \
-                __builtin_prefetch(args->k_cache + fetch_lines[fetched], 0, 1);                          \
-                __builtin_prefetch(args->v_cache + fetch_lines[fetched], 0, 1);                          \
-            }                                                                                            \
+            fetch_rest(&fetch);                                                                          \
         }                                                                                                \
         for (int64_t r = 0; r < rows; ++r) {                                                             \
             const int64_t j = item.first_query + r / heads;                                              \
