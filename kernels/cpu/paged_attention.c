@@ -7,10 +7,12 @@
  *
  * Work item = (sequence, kv head, tile of query tokens). Rows of a tile = its queries x the q heads of the kv
  * head's group; the block's keys stay in L1 while every row uses them. An item that holds every kv head of its
- * sequence (decode, many sequences) first copies each block's K and V to the stack, one contiguous read each:
+ * sequence (decode, many sequences) first copies each step's K and V to the stack, one contiguous read a block:
  * the rows' head-strided reads straight from the pool ran decode attention 17-20% slower on a KV cache that does
- * not fit in the L3 (SmolLM2, 64 sequences, bf16, 2-core AMD EPYC VM). Causal: query j of a sequence with n
- * queries and context length L sits at position L - n + j and sees positions 0..L - n + j.
+ * not fit in the L3 (SmolLM2, 64 sequences, bf16, 2-core AMD EPYC VM); bf16 K read in place 16-key run by run was
+ * slower too (2026-12-07, Zen 4 VM: 17.2-19.1 against 16.4-17.1 ms a step over 30 layers), while an fp32 step that
+ * lies inside one block is read where it is (the same from memory, faster from the L3). Causal: query j of a
+ * sequence with n queries and context length L sits at position L - n + j and sees positions 0..L - n + j.
  *
  * Written with GCC/Clang vector extensions (8 floats), so -march=native picks AVX2/AVX-512 on x86 and NEON on
  * ARM. head_dim must be a multiple of 8; the caller falls back to torch otherwise (return value -1). bf16 q and KV
