@@ -6,8 +6,10 @@ Each distinct projection (q|k|v, o, gate|up, down, the vocabulary) is timed on e
 (VNNI or AVX2 CPUs), ``dequantized`` and, in the projections ``quant.allows_w8a8`` names, ``w8a8``) at M = 1, 2, 4, ...
 up to the most rows a step gives it (``max_num_batched_tokens``; for the vocabulary ``max_num_seqs``, as it only sees
 the sampled rows). The calls cycle through that projection's weights in every layer, so small M mostly reads them from
-memory as a step does, not from a warm cache. Band ``(M/2, M]`` takes the fastest path at M, unless the path that wins
-most bands for the shape is within ``_MARGIN`` there: a second path for a shape costs a second copy of its weights.
+memory as a step does, not from a warm cache; up to 16 rows a path's time is the mean of a whole cycle, each path on
+another layer than the others (the fastest single call there was one whose weight the cache still held). Band
+``(M/2, M]`` takes the fastest path at M, unless the path that wins most bands for the shape is within ``_MARGIN``
+there: a second path for a shape costs a second copy of its weights.
 
 The choice is cached in ``$ENGINE_GEMM_CACHE_DIR`` (default ``~/.cache/lora-platform/gemm``) under a key made of
 the CPU model and its GEMM-relevant flags, the torch version, a digest of the C kernels' sources, the thread count,
@@ -36,11 +38,14 @@ from kernels.cpu import native
 
 logger = logging.getLogger(__name__)
 
-_FORMAT = 2  # of the cache files: a new format never reads an old file as its own
+_FORMAT = 3  # of the cache files: a new format never reads an old file as its own (3: cold cycles)
 _MARGIN = 0.10
 # Rounds of calls per token count: at least _MIN_ROUNDS, more while they add up to less than _BUDGET_S seconds
 # (small M is cheap and noisy).
 _MIN_ROUNDS, _MAX_ROUNDS, _BUDGET_S = 3, 32, 5e-3
+# Up to this many rows a call reads its weight more than it computes (bf16 on two cores: ~450 GFLOP/s against ~30
+# GB/s): timed as whole cycles through the layers, the best of _MIN_CYCLES (_fastest_calls).
+_COLD_TOKENS, _MIN_CYCLES = 16, 2
 # A measurement is cached only if its threads ran most of the time it took (process CPU time over wall time times
 # threads: 0.97 measured on a quiet 2-core VM, 0.38 with three other busy processes): a choice timed while other
 # work held the cores would be kept for good.
@@ -188,10 +193,31 @@ def _time_group(group: GemmGroup, dtype: torch.dtype):
 
 
 def _fastest_calls(paths: tuple[str, ...], operands: dict[str, list], biases: list, x: torch.Tensor) -> dict:
-    """Each path's fastest call at x's M, in seconds. The paths take turns, so a burst of other work on the machine
-    slows them alike, and the fastest call is kept: other work only ever adds time (as does the first call of a
-    shape, which builds oneDNN's primitive). The calls cycle through the layers' weights."""
+    """Each path's time for a call at x's M, in seconds. The paths take turns, so a burst of other work on the machine
+    slows them alike, and the fastest is kept: other work only ever adds time (as does the first call of a shape,
+    which builds oneDNN's primitive). The calls cycle through the layers' weights. Up to _COLD_TOKENS rows, where a
+    call's time is its weight's read, a path's time is the mean of a whole cycle through the layers (the fastest of
+    _MIN_CYCLES cycles), not its fastest call, and each path reads another layer than the others at the same time: a
+    step reads every weight cold, and `gemv` timed right after `torch` on the same plain weight read it from the L3
+    (on the Zen 4 VM 28 us a call for q|k|v at M = 1 against 80 cold) and kept M = 1-4 of every layer projection,
+    where a decode step of one sequence ran 11.2-12.0 ms against 9.5-9.8 on `packed`."""
     best = dict.fromkeys(paths, float("inf"))
+    if x.shape[0] <= _COLD_TOKENS:
+        layers = len(biases)
+        # each path a layer of its own at a time, spread over the cycle: paths on one weight (`torch` and `gemv` read
+        # the plain one) would otherwise find it in the cache where the other had just read it
+        spread = [q * layers // len(paths) for q in range(len(paths))]
+        for _ in range(_MIN_CYCLES):
+            total = dict.fromkeys(paths, 0.0)
+            for i in range(layers):
+                for name, offset in zip(paths, spread, strict=True):
+                    j = (i + offset) % layers
+                    start = time.perf_counter()
+                    PATHS[name].run(x, operands[name][j], biases[j])
+                    total[name] += time.perf_counter() - start
+            for name in paths:
+                best[name] = min(best[name], total[name] / len(biases))
+        return best
     spent, rounds = 0.0, 0
     while rounds < _MIN_ROUNDS or (spent < _BUDGET_S and rounds < _MAX_ROUNDS):
         i = rounds % len(biases)

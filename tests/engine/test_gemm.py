@@ -90,6 +90,37 @@ def test_a_path_is_timed_and_chosen_only_up_to_its_max_tokens(monkeypatch):
     assert all(path == "torch" for limit, path in gemm_choice._pick(table) if limit > 2)
 
 
+def test_small_m_is_timed_over_whole_cycles_each_path_on_another_layer(monkeypatch):
+    """Up to _COLD_TOKENS rows a path's time is a whole cycle through the layers (every layer once a cycle), and paths
+    that share a weight never read the same layer one after the other: `gemv` timed right after `torch` on the plain
+    weight read it from the cache and won M = 1 where it loses a real step. Above it, single calls as before."""
+    calls = []
+
+    def recorder(name):
+        def run(x, weight, bias):
+            calls.append((name, x.shape[0], weight.data_ptr()))
+            return x @ weight.t()
+        return run
+
+    monkeypatch.setitem(PATHS, "first", GemmPath("first", lambda w: w, recorder("first")))
+    monkeypatch.setitem(PATHS, "second", GemmPath("second", lambda w: w, recorder("second")))  # the same weight
+    layers = [Projection(f"model.layers.{i}.mlp", 16, [("down_proj", 16)], bias=False) for i in range(6)]
+    for projection in layers:
+        projection.weight.copy_(torch.randn(16, 16))
+    group = gemm_choice.GemmGroup("down_proj", layers, 32, paths=("first", "second"))
+    gemm_choice._time_group(group, torch.float32)
+    weights = {projection.weight.data_ptr() for projection in layers}
+    small = [call for call in calls if call[1] == 1]
+    assert len(small) == 2 * len(layers) * gemm_choice._MIN_CYCLES
+    for name in ("first", "second"):
+        mine = [pointer for who, _, pointer in small if who == name]
+        for cycle in range(gemm_choice._MIN_CYCLES):  # every layer once a cycle
+            assert set(mine[cycle * len(layers):(cycle + 1) * len(layers)]) == weights
+    assert all(a[2] != b[2] for a, b in zip(small, small[1:], strict=False))  # never one layer twice in a row
+    large = [call for call in calls if call[1] == 32]
+    assert 2 * gemm_choice._MIN_ROUNDS <= len(large) <= 2 * gemm_choice._MAX_ROUNDS
+
+
 @needs_onednn
 def test_a_projection_bound_to_a_prepacked_path_lets_go_of_its_plain_weight():
     projection = Projection("model.layers.0.mlp", 16, [("gate_proj", 8), ("up_proj", 8)], bias=True)
