@@ -74,6 +74,13 @@ def _dequantized_run(x: torch.Tensor, operand: dict, bias: torch.Tensor | None) 
     return run(x, dense, bias)
 
 
+def dequantized_packed(operand: dict, dtype: torch.dtype) -> packed_gemm.PackedWeight | None:
+    """The ``dequantized`` path's dense copy in ``dtype`` as the packed kernel's panels (made now if it was not yet),
+    or None where that path runs oneDNN instead: what the layers' C replay (``native_forward``) runs for it."""
+    run, dense = _dense_copy(operand, dtype, _packed_else_onednn)
+    return dense[0] if run is _packed_run else None
+
+
 def _dequantized_onednn_run(x: torch.Tensor, operand: dict, bias: torch.Tensor | None) -> torch.Tensor:
     run, dense = _dense_copy(operand, x.dtype, lambda weight: (_onednn_run, _onednn_pack(weight)))
     return run(x, dense, bias)

@@ -8,11 +8,11 @@ down GEMM) against buffers of its own, and a step passes only its token count an
 
 The same kernels run on the same values as the module path (``LlamaForCausalLM``'s ``forward`` through each
 module), so the outputs are the same bit for bit; only the Python between them is gone. A program exists per band of
-token counts in which every projection's chosen GEMM path (``engine.models.gemm``) is a C kernel (``gemv``,
-``packed``, ``w8a8g``), and one more with each projection's LoRA shrink and expand (``lora.c``, as
-``Projection._add_lora`` calls them) for steps with adapters. A step outside those bands, with more than
-``max_tokens`` tokens, with adapters the C LoRA loop does not take (float16, ranks that are not multiples of 8), on a
-tensor-parallel shard or off CPU runs the module path. ``ENGINE_NATIVE_FORWARD=0`` turns the replay off.
+token counts in which every projection's chosen GEMM path (``engine.models.gemm``) is a C kernel (``gemv``, ``packed``,
+``w8a8g``, ``dequantized`` where its dense copy runs the packed kernel), and one more with each projection's LoRA shrink
+and expand (``lora.c``, as ``Projection._add_lora`` calls them) for steps with adapters. A step outside those bands,
+with more than ``max_tokens`` tokens, with adapters the C LoRA loop does not take (float16, ranks that are not multiples
+of 8), on a tensor-parallel shard or off CPU runs the module path. ``ENGINE_NATIVE_FORWARD=0`` turns the replay off.
 """
 
 import ctypes
@@ -23,6 +23,7 @@ from bisect import bisect_left
 import torch
 
 import kernels
+from engine.models import gemm
 from kernels.cpu import attention, int8_gemm, program, rms_norm, rotary_kv, silu_mul
 from kernels.cpu import lora as lora_cpu
 from kernels.cpu.program import ProgramError, Step
@@ -224,6 +225,8 @@ class NativeForward:
                    y: torch.Tensor) -> bool:
         """Record ``y = x W^T + b`` as the C kernel the band at ``num_tokens`` runs; False where it is not one."""
         path, operand = projection.kernel.band(num_tokens)
+        if path == "dequantized":  # the packed kernel on a dense copy of the quantized values, where it takes them
+            path, operand = "packed", (gemm.dequantized_packed(operand, self.dtype), None)
         bias = projection.kernel.bias
         if bias is not None and not (bias.dtype == self.dtype and bias.is_contiguous()):
             return False
