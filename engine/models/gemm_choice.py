@@ -216,7 +216,7 @@ def _fastest_calls(paths: tuple[str, ...], operands: dict[str, list], biases: li
                     PATHS[name].run(x, operands[name][j], biases[j])
                     total[name] += time.perf_counter() - start
             for name in paths:
-                best[name] = min(best[name], total[name] / len(biases))
+                best[name] = min(best[name], total[name] / layers)
         return best
     spent, rounds = 0.0, 0
     while rounds < _MIN_ROUNDS or (spent < _BUDGET_S and rounds < _MAX_ROUNDS):

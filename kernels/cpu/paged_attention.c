@@ -190,6 +190,9 @@ static inline void copy_step(const Args *args, const kv_t *cache, const int32_t 
     }
 }
 
+/* Where the item's span of position p starts in the caches. */
+#define KV_AT(p) ((int64_t)block_table[(p) / block_size] * block_stride + ((p) % block_size) * row_stride + first)
+
 /* An item walks its context in steps of COPY_BYTES of K (at most MAX_BLOCK_SIZE keys): the step's K and V copied to
  * the stack (whole runs of a block in one read when the item holds every kv head: the rows' head-strided reads
  * straight from the pool ran decode attention 17-20% slower on a KV cache larger than the L3), then each row takes
@@ -207,6 +210,7 @@ static inline void copy_step(const Args *args, const kv_t *cache, const int32_t 
         const int64_t rows = item.num_queries * heads;                                                   \
         if (rows <= 0) return;                                                                           \
         const int64_t row_stride = args->num_kv_heads * head_dim;                                        \
+        const int64_t block_size = args->block_size, block_stride = block_size * row_stride;             \
         const int64_t seq_len = args->seq_lens[item.seq], token0 = args->query_start_loc[item.seq];      \
         const int64_t num_queries = args->query_start_loc[item.seq + 1] - token0;                        \
         const int32_t *block_table = args->block_tables + item.seq * args->max_blocks;                   \
@@ -237,10 +241,8 @@ static inline void copy_step(const Args *args, const kv_t *cache, const int32_t 
              * read in place (from the L3: 64 sequences' decode 24-25 -> 20-22 ms over 30 layers, the same \
              * from memory, Zen 4 VM); else copied to the stack */                                      \
             const kv_t *keys = kbuf, *values = vbuf;                                                     \
-            if (span == row_stride && pos / args->block_size == (pos + n - 1) / args->block_size) {      \
-                const int64_t at = ((int64_t)block_table[pos / args->block_size] * args->block_size +    \
-                                    pos % args->block_size) * row_stride;                                \
-                keys = args->k_cache + at, values = args->v_cache + at;                                  \
+            if (span == row_stride && pos / block_size == (pos + n - 1) / block_size) {                  \
+                keys = args->k_cache + KV_AT(pos), values = args->v_cache + KV_AT(pos);                  \
             } else {                                                                                     \
                 copy_step(args, args->k_cache, block_table, pos, n, first, span, row_stride, kbuf);       \
                 copy_step(args, args->v_cache, block_table, pos, n, first, span, row_stride, vbuf);       \
@@ -418,8 +420,6 @@ static inline void dequantize_step(const Args *args, const int32_t *table, int64
 #define dequantize_step(...) ((void)0)
 #endif
 
-/* Where the item's span of position p starts in the caches. */
-#define KV_AT(p) ((int64_t)block_table[(p) / block_size] * block_stride + ((p) % block_size) * row_stride + first)
 
 /* An item walks its context in steps of COPY_ELEMENTS / span keys (32 for a decode item of SmolLM2's three kv heads,
  * 128 for one kv head of a prefill tile): the step's K copied to the stack (whole runs of a block in one read when
