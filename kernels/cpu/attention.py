@@ -7,7 +7,8 @@ each be float32 or bfloat16 (a build per pair; float32 arithmetic). In bf16 the 
 the CPU has AVX512-BF16, and prefill (a sequence's 8 or more queries in a step) on AMX tiles where it has AMX-BF16
 (3.6x the vdpbf16ps loop on 157-token prompts; torch's SDPA in bf16 ran at a sixth of it). Without a C compiler, or
 for other dtypes (float16), each sequence gathers its context and calls SDPA. An int8 cache (``kernels.kv_int8``) is
-read in C beside bf16 q where the CPU has AVX512-BF16, and dequantized for SDPA elsewhere.
+read in C beside bf16 q where the CPU has AVX512-BF16 and VNNI (integer products: vpdpwssd), and dequantized for SDPA
+elsewhere.
 """
 
 import ctypes
@@ -80,13 +81,14 @@ METADATA_ERROR = ("paged_attention: a sequence's queries exceed its context, its
 _NATIVE_DTYPES = (torch.float32, torch.bfloat16)
 _VARIANTS = {(act, kv): tuple(f"{role}_BF16" for role, dtype in (("ACT", act), ("KV", kv)) if dtype == torch.bfloat16)
              for act in _NATIVE_DTYPES for kv in _NATIVE_DTYPES}
-# an int8 cache (kernels.kv_int8) is read in C by bf16 q on CPUs with AVX512-BF16 (the build returns -1 elsewhere)
+# an int8 cache (kernels.kv_int8) is read in C by bf16 q on CPUs with AVX512-BF16 and VNNI (-1 elsewhere)
 _VARIANTS[torch.bfloat16, torch.int8] = ("ACT_BF16", "KV_INT8")
 
 
 def reads_int8_in_c(act_dtype: torch.dtype) -> bool:
     """Whether the C loop reads an int8 cache (``kernels.kv_int8``) beside activations of ``act_dtype``: bf16 on a
-    CPU with AVX512-BF16 (head_dim a multiple of 32); elsewhere each sequence's context is dequantized for SDPA."""
+    CPU with AVX512-BF16 and VNNI (head_dim a multiple of 32); elsewhere each sequence's context is dequantized for
+    SDPA."""
     if act_dtype != torch.bfloat16:
         return False
     library = _typed(native.load("paged_attention", _VARIANTS[torch.bfloat16, torch.int8]))

@@ -116,14 +116,14 @@ def test_bfloat16_matches_reference(case, q_dtype, kv_dtype, cpu_path, monkeypat
 @pytest.mark.parametrize("q_dtype", [torch.bfloat16, torch.float32])
 def test_int8_cache_matches_reference(case, q_dtype, cpu_path, monkeypatch):
     """An int8 KV cache (kernels.kv_int8: int8 values and a float32 scale a row). bf16 q on a CPU with AVX512-BF16 and
-    head_dim a multiple of 32 takes the C loop (the values are exact bf16 integers there, the scales applied to the
-    scores and to P in float32): within one bf16 rounding of the reference on the same rows; every other case
-    dequantizes the context for SDPA."""
+    VNNI and head_dim a multiple of 32 takes the C loop (integer products of the int8 values with q and P quantized to
+    int16, the scales applied in float32): within one bf16 rounding of the reference on the same rows; every other
+    case dequantizes the context for SDPA."""
     q, k_cache, v_cache, *rest = paged_case(**CASES[case], dtype=q_dtype)
     k_cache, v_cache = kv_int8.quantize(k_cache * 3), kv_int8.quantize(v_cache)  # * 3: scales other than V's
     head_dim = CASES[case]["head_dim"]
     in_c = (cpu_path == "native" and q_dtype == torch.bfloat16 and head_dim % 32 == 0
-            and {"avx512_bf16", "avx512bw"} <= cpu_info().flags)
+            and {"avx512_bf16", "avx512bw", "avx512_vnni"} <= cpu_info().flags)
     if in_c:
         monkeypatch.setattr(attention, "_attend_all_sdpa", _fail("the SDPA path ran"))
     got = attention.paged_attention(q, k_cache, v_cache, *rest)
@@ -148,6 +148,16 @@ def test_bfloat16_dot_products_where_the_cpu_has_them():
     assert library is not None, "the C kernel did not build: a C compiler is part of the CPU setup"
     expected = int({"avx512_bf16", "avx512bw"} <= cpu_info().flags)
     assert library.paged_attention_bf16_dots() == expected, f"avx512_bf16 in cpu flags: {bool(expected)}"
+
+
+def test_int8_cache_takes_integer_products_where_the_cpu_has_them():
+    """The int8 build's C loop needs AVX512-VNNI beside AVX512-BF16 (vpdpwssd); elsewhere attention.reads_int8_in_c
+    is False and an int8 cache goes through SDPA (the int8 test above covers both)."""
+    library = native.load("paged_attention", ("ACT_BF16", "KV_INT8"))
+    assert library is not None, "the C kernel did not build: a C compiler is part of the CPU setup"
+    expected = int({"avx512_bf16", "avx512bw", "avx512_vnni"} <= cpu_info().flags)
+    assert library.paged_attention_bf16_dots() == expected
+    assert attention.reads_int8_in_c(torch.bfloat16) == bool(expected)
 
 
 def test_amx_prefill_where_the_cpu_has_it():
