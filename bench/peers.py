@@ -19,8 +19,9 @@ type), every system given every core of this machine:
     ``python -m engine serve``, ``vllm serve`` (both cores) and ``llama-server`` (4 slots).
 This engine's offline and streams runs come twice per dtype: as they are, and with ``quantization="int8"`` (its
 weights int8 per output channel; on CPUs with VNNI its activations int8 too, a scale per 64 inputs of a token:
-``engine.models.quant``), its fastest mode, which the
-"best against best" ratio compares with vLLM's fastest offline run.
+``engine.models.quant``); its bf16 offline run a third time with an int8 KV cache beside the int8 weights
+(``kv_cache_dtype="int8"``, on CPUs where attention reads it in C: AVX512-BF16 and VNNI), its fastest mode. The
+"best against best" ratio compares this engine's fastest offline run with vLLM's.
 Each run has a time limit; a peer that fails to install or run is a result with its error's tail, never dropped.
 Time: the installs once (vLLM about 3 minutes, the llama.cpp build 10-20); then mostly vLLM's start-ups (its
 compile cache is kept, still about a minute each, 8 of them): ``--quick`` about 15-30 minutes on two cores.
@@ -41,6 +42,7 @@ from bench.fairness import alternated
 from bench.peers_install import INSTALLERS, InstallError
 from bench.peers_ratios import summarize
 from bench.report import cpu_model
+from engine.cpu_info import cpu_info
 
 RESULTS = Path(__file__).resolve().parent / "results"
 SYSTEMS, WORKLOADS, DTYPES = ("engine", "vllm", "llama"), ("offline", "adapters", "streams"), ("float32", "bfloat16")
@@ -83,9 +85,16 @@ def workloads(model_folder: Path, quick: bool, cap: int | None, out_tokens: int 
     }
 
 
-def plan(systems, names, dtypes, binds, int8: bool = True) -> list[dict]:
+def int8_kv_in_c() -> bool:
+    """Whether this CPU's attention reads an int8 KV cache in C (kernels/cpu/paged_attention.c's int8 tile); where
+    it does not, the cache is dequantized for SDPA every layer and the run would measure that fallback."""
+    return {"avx512_bf16", "avx512bw", "avx512_vnni"} <= cpu_info().flags
+
+
+def plan(systems, names, dtypes, binds, int8: bool = True, int8_kv: bool = False) -> list[dict]:
     """The runs, in order: (system, workload, dtype, variant[, bind]); with ``int8`` this engine's offline and
-    streams runs again with its weights quantized (``quantization="int8"``, activations in the dtype). The systems
+    streams runs again with its weights quantized (``quantization="int8"``, activations in the dtype), and its bf16
+    offline run a third time with an int8 KV cache too (``int8_kv``: where attention reads one in C). The systems
     go in the order given for a workload's first dtype and reversed for the next, and so on: the host drifts over a
     run (the same engine's offline figure moved 10-15% within minutes on the Zen 4 VM), and in one fixed order this
     engine would always have run before vLLM."""
@@ -102,6 +111,9 @@ def plan(systems, names, dtypes, binds, int8: bool = True) -> list[dict]:
                     out.append(runs.record(system, workload, dtype, "base model only"))
                 if system == "engine" and workload != "adapters" and int8:
                     out.append(runs.record(system, workload, dtype, runs.INT8, quantization="int8"))
+                    if workload == "offline" and dtype == "bfloat16" and int8_kv:
+                        out.append(runs.record(system, workload, dtype, runs.INT8_KV, quantization="int8",
+                                               kv_cache_dtype="int8"))
     return out
 
 
@@ -186,7 +198,7 @@ def main(argv: list[str] | None = None) -> dict:
             print(f"install {system}: {'ok' if report['installs'][system]['ok'] else 'FAILED'} "
                   f"({report['installs'][system]['this_run_s']:.0f} s)", flush=True)
     started = time.perf_counter()
-    for base in plan(systems, names, dtypes, binds, args.int8):
+    for base in plan(systems, names, dtypes, binds, args.int8, args.int8 and int8_kv_in_c()):
         install = report["installs"].get(base["system"], {"ok": True})
         if not install["ok"]:
             reason = (install["error"].strip().splitlines() or ["?"])[0]

@@ -47,8 +47,9 @@ def make_llm(spec: dict):
     from engine import LLM
     from engine.config import EngineConfig
 
-    if spec.get("quantization"):
-        kwargs["quantization"] = spec["quantization"]
+    for key in ("quantization", "kv_cache_dtype"):
+        if spec.get(key):
+            kwargs[key] = spec[key]
     if "dtype" in {f.name for f in dataclasses.fields(EngineConfig)}:
         kwargs["dtype"] = spec["dtype"]
     elif spec["dtype"] != "float32":

@@ -21,6 +21,7 @@ DRIVER = Path(__file__).resolve().parent / "peers_offline.py"
 LORA = {"max_loras": 8, "max_cpu_loras": 32, "max_lora_rank": 16}  # as bench.multi_lora (host tier holds all 32)
 VARIANTS = {"all": "both cores", "default": "its default binding"}
 INT8 = "int8 weights"  # this engine's variant with quantization="int8"
+INT8_KV = "int8 weights and KV"  # and kv_cache_dtype="int8": its fastest mode where attention reads int8 in C
 
 
 def record(system: str, workload: str, dtype: str, variant: str, **fields) -> dict:
@@ -59,8 +60,9 @@ def offline_driver(base: dict, model_folder: Path, prompts: list, output_tokens:
     spec = {"backend": "engine" if system == "engine" else "vllm", "dtype": base["dtype"], "prompts": prompts,
             "output_tokens": output_tokens, "out": str(logs / f"{name}.result.json"),
             "model": str(model_folder if system == "engine" else hf_copy(model_folder))}
-    if base.get("quantization"):
-        spec["quantization"] = base["quantization"]
+    for key in ("quantization", "kv_cache_dtype"):
+        if base.get(key):
+            spec[key] = base[key]
     if adapters:
         spec.update(adapters=[str(a) for a in adapters], assignment=assignment, lora=LORA)
     if base["workload"] == "adapters":  # as bench.multi_lora: no prefix cache, with or without adapters

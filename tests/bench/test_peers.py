@@ -5,7 +5,7 @@ import pytest
 
 from bench.peers import plan
 from bench.peers_ratios import summarize
-from bench.peers_runs import INT8
+from bench.peers_runs import INT8, INT8_KV
 
 
 def test_plan_runs_this_engine_again_with_int8_weights_except_for_adapters():
@@ -19,6 +19,15 @@ def test_plan_runs_this_engine_again_with_int8_weights_except_for_adapters():
                     ("streams", "both cores")]
     assert not [r for r in plan(["engine"], ["offline"], ["float32"], ["all"], int8=False)
                 if r.get("quantization")]
+
+
+def test_plan_adds_an_int8_kv_cache_to_the_bf16_offline_run_where_asked():
+    runs = plan(["engine"], ["offline", "streams"], ["bfloat16", "float32"], ["all"], int8_kv=True)
+    fastest = [(r["workload"], r["dtype"]) for r in runs if r["variant"] == INT8_KV]
+    assert fastest == [("offline", "bfloat16")]
+    run = next(r for r in runs if r["variant"] == INT8_KV)
+    assert run["quantization"] == "int8" and run["kv_cache_dtype"] == "int8"
+    assert not [r for r in plan(["engine"], ["offline"], ["bfloat16"], ["all"]) if r["variant"] == INT8_KV]
 
 
 def test_plan_reverses_the_systems_every_other_dtype():
