@@ -415,7 +415,8 @@ static inline float quantize_q(int16_t *out, const bf16 *q, int64_t head_dim) {
     for (int64_t d = 0; d < head_dim; d += 16) {
         const __m512 x = _mm512_castsi512_ps(_mm512_slli_epi32(
             _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)(q + d))), 16));
-        _mm256_storeu_si256((__m256i *)(out + d), _mm512_cvtsepi32_epi16(_mm512_cvtps_epi32(_mm512_mul_ps(x, _mm512_set1_ps(f)))));
+        const __m512i v = _mm512_cvtps_epi32(_mm512_mul_ps(x, _mm512_set1_ps(f)));
+        _mm256_storeu_si256((__m256i *)(out + d), _mm512_cvtsepi32_epi16(v));
     }
     return top / I16_MAX;
 }
@@ -592,13 +593,17 @@ static inline float softmax_i16(float *s, int64_t n, float *row_max, float *row_
     }
 
 /* The int8 build's tile: tile_dp's walk with integer products (AVX512-VNNI's vpdpwssd: 32 int16 pairs into 16 int32
- * sums). The step's K and V are widened to int16 (one instruction per 32 values, where the bf16 copy took seven),
- * q is quantized once per row to int16 against its largest value (15 bits against bf16's 8), and P times each key's
- * V scale is quantized per step to int16 against the step's largest: one pass of V where the bf16 split of P takes
- * two. The sums are exact in int32 (64 products of 32767 x 127, and a step's <= 256 keys of P); the scales and the
- * softmax stay float32. Against the bf16 conversion it replaces (C harness, SmolLM2 shapes, 30 layers' caches, 2-core
- * AMD EPYC Zen 5, 2026-12-07): decode of 64 sequences of 150-280 tokens 9.8-10.0 -> 9.1-9.2 ms a step, prefill of 15
- * prompts of 16-256 tokens 121-122 -> 109-111 ms; decode is then bound by the lines the cores keep in flight. */
+ * sums). The step's K and V are widened to int16 (one instruction per 32 values, where the bf16 copy took seven), q
+ * is quantized once per row to int16 against its largest value (15 bits against bf16's 8), and P times each key's V
+ * scale is quantized per row and step to int16 against the largest of them: one pass of V where the bf16 split of P
+ * takes two. The sums are exact in int32 (64 products of 32767 x 127; a step's <= 256 keys of P x V); the scales
+ * and the softmax stay float32. Against the bf16 conversion it replaces (C harness, SmolLM2 shapes, 30 layers'
+ * caches, 2-core AMD EPYC Zen 5, 2026-12-07): decode of 64 sequences of 150-280 tokens 9.8-10.0 -> 9.1-9.2 ms a
+ * step, prefill of 15 prompts of 16-256 tokens 121-122 -> 109-111 ms. From the L3 (2 layers' caches) that decode
+ * takes 0.24 ms a layer against 0.30 from memory: most of it is the tile's own arithmetic. P quantized against the
+ * step's largest V scale instead (P <= 1: no reduction a row) ran decode 2-9% and prefill ~10% faster, and put
+ * SmolLM2's perplexity with int8 weights and KV at +2.7% of fp32 against +0.2-0.6% (gate 3%): a row whose largest
+ * weight lies in an earlier step (the first token's, often) keeps few bits of its later P. Not kept. */
 #define TILE_I8(NZ)                                                                                      \
     static void tile_dp_##NZ(const Args *args, WorkItem item, int64_t nz_rt) {                           \
         const int64_t nz = NZ > 0 ? NZ : nz_rt, head_dim = nz * 32;                                      \
@@ -666,7 +671,8 @@ static inline float softmax_i16(float *s, int64_t n, float *row_max, float *row_
                                         a[j] = _mm512_dpwssd_epi32(a[j], qv[i], _mm512_loadu_si512(      \
                                                                        kh_keys + (t0 + j) * span + 32 * i)); \
                             }                                                                            \
-                            const __m512 ks = _mm512_maskz_mov_ps(first_lanes(seen - t0), _mm512_loadu_ps(kh_k_scales + t0)); \
+                            const __m512 ks = _mm512_maskz_mov_ps(first_lanes(seen - t0),                \
+                                                                  _mm512_loadu_ps(kh_k_scales + t0));    \
                             _mm512_storeu_ps(scores + t0, _mm512_mul_ps(_mm512_cvtepi32_ps(hsum16_epi32(a)), \
                                                                         _mm512_mul_ps(qs, ks)));         \
                         }                                                                                \
@@ -683,16 +689,18 @@ static inline float softmax_i16(float *s, int64_t n, float *row_max, float *row_
                             const __m512i p1 = _mm512_set1_epi32((int)pairs[u + 1]);                     \
                             fetch_tick(&fetch);                                                          \
                             fetch_tick(&fetch);                                                          \
+                            const int16_t *v0 = kh_values + u * 2 * span, *v1 = v0 + 2 * span;          \
                             for (int64_t i = 0; i < 2 * nz; ++i) {                                       \
-                                o[i] = _mm512_dpwssd_epi32(o[i], p0, _mm512_loadu_si512(kh_values + u * 2 * span + 32 * i)); \
-                                o2[i] = _mm512_dpwssd_epi32(o2[i], p1, _mm512_loadu_si512(kh_values + (u + 1) * 2 * span + 32 * i)); \
+                                o[i] = _mm512_dpwssd_epi32(o[i], p0, _mm512_loadu_si512(v0 + 32 * i));  \
+                                o2[i] = _mm512_dpwssd_epi32(o2[i], p1, _mm512_loadu_si512(v1 + 32 * i)); \
                             }                                                                            \
                         }                                                                                \
                         if (u < npairs) {                                                                \
                             const __m512i p0 = _mm512_set1_epi32((int)pairs[u]);                         \
                             fetch_tick(&fetch);                                                          \
                             for (int64_t i = 0; i < 2 * nz; ++i)                                         \
-                                o[i] = _mm512_dpwssd_epi32(o[i], p0, _mm512_loadu_si512(kh_values + u * 2 * span + 32 * i)); \
+                                o[i] = _mm512_dpwssd_epi32(o[i], p0,                                     \
+                                                           _mm512_loadu_si512(kh_values + u * 2 * span + 32 * i)); \
                         }                                                                                \
                         const __m512 c = _mm512_set1_ps(correction), f = _mm512_set1_ps(factor);         \
                         for (int64_t i = 0; i < 2 * nz; ++i)                                             \
