@@ -37,12 +37,14 @@ import random
 import time
 from pathlib import Path
 
+import torch
+
 from bench import peers_runs as runs
 from bench.fairness import alternated
 from bench.peers_install import INSTALLERS, InstallError
 from bench.peers_ratios import summarize
 from bench.report import cpu_model
-from engine.cpu_info import cpu_info
+from kernels.cpu.attention import reads_int8_in_c
 
 RESULTS = Path(__file__).resolve().parent / "results"
 SYSTEMS, WORKLOADS, DTYPES = ("engine", "vllm", "llama"), ("offline", "adapters", "streams"), ("float32", "bfloat16")
@@ -83,12 +85,6 @@ def workloads(model_folder: Path, quick: bool, cap: int | None, out_tokens: int 
                                                         state_dir() / "bench-adapters")},
         "streams": {"prompts": stream_prompts, "output_tokens": out_tokens or s["stream_output"]},
     }
-
-
-def int8_kv_in_c() -> bool:
-    """Whether this CPU's attention reads an int8 KV cache in C (kernels/cpu/paged_attention.c's int8 tile); where
-    it does not, the cache is dequantized for SDPA every layer and the run would measure that fallback."""
-    return {"avx512_bf16", "avx512bw", "avx512_vnni"} <= cpu_info().flags
 
 
 def plan(systems, names, dtypes, binds, int8: bool = True, int8_kv: bool = False) -> list[dict]:
@@ -198,7 +194,8 @@ def main(argv: list[str] | None = None) -> dict:
             print(f"install {system}: {'ok' if report['installs'][system]['ok'] else 'FAILED'} "
                   f"({report['installs'][system]['this_run_s']:.0f} s)", flush=True)
     started = time.perf_counter()
-    for base in plan(systems, names, dtypes, binds, args.int8, args.int8 and int8_kv_in_c()):
+    # where attention does not read an int8 cache in C, it dequantizes it for SDPA every layer: not a mode to run
+    for base in plan(systems, names, dtypes, binds, args.int8, args.int8 and reads_int8_in_c(torch.bfloat16)):
         install = report["installs"].get(base["system"], {"ok": True})
         if not install["ok"]:
             reason = (install["error"].strip().splitlines() or ["?"])[0]

@@ -294,14 +294,11 @@ TILE(0)  /* any other multiple of 8 up to 256 */
 #define DP_KEYS 16
 #define DP_STEP 256 /* the most keys of one step of tile_dp */
 
-typedef float vf16 __attribute__((vector_size(16 * sizeof(float))));
-typedef int32_t vi16 __attribute__((vector_size(16 * sizeof(int32_t))));
-
 /* e^x on 16 lanes as 2^(x log2 e): the fraction's 2^f by a degree-5 fit on [-0.5, 0.5] (2.3e-7 relative), the
  * integer part by vscalefps; 9 operations where the 8-lane vexp's range reduction and degree-6 polynomial take 18
  * (x log2 e rounds to ~1e-6 relative at the softmax's x >= -20, far below P's 16 bits). */
-static inline vf16 vexp16(vf16 x) {
-    const __m512 t = _mm512_mul_ps(_mm512_max_ps((__m512)x, _mm512_set1_ps(-87.0f)), _mm512_set1_ps(1.44269504f));
+static inline __m512 vexp16(__m512 x) {
+    const __m512 t = _mm512_mul_ps(_mm512_max_ps(x, _mm512_set1_ps(-87.0f)), _mm512_set1_ps(1.44269504f));
     const __m512 n = _mm512_roundscale_ps(t, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
     const __m512 f = _mm512_sub_ps(t, n);
     __m512 y = _mm512_fmadd_ps(_mm512_set1_ps(1.327646547e-3f), f, _mm512_set1_ps(9.675541893e-3f));
@@ -309,7 +306,7 @@ static inline vf16 vexp16(vf16 x) {
     y = _mm512_fmadd_ps(y, f, _mm512_set1_ps(2.402212024e-1f));
     y = _mm512_fmadd_ps(y, f, _mm512_set1_ps(6.931469440e-1f));
     y = _mm512_fmadd_ps(y, f, _mm512_set1_ps(1.000000119f));
-    return (vf16)_mm512_scalef_ps(y, n);
+    return _mm512_scalef_ps(y, n);
 }
 
 static inline __mmask16 first_lanes(int64_t k) { return k >= 16 ? 0xffff : k <= 0 ? 0 : (__mmask16)((1u << k) - 1); }
@@ -330,8 +327,8 @@ static inline float softmax_split(const float *s, int64_t n, float *row_max, flo
         const __mmask16 m0 = first_lanes(n - t), m1 = first_lanes(n - t - 16);
         const __m512 x0 = _mm512_maskz_sub_ps(m0, _mm512_loadu_ps(s + t), mx);
         const __m512 x1 = _mm512_maskz_sub_ps(m1, _mm512_loadu_ps(s + t + 16), mx);
-        __m512 p0 = _mm512_maskz_mov_ps(m0, (__m512)vexp16((vf16)x0));
-        __m512 p1 = _mm512_maskz_mov_ps(m1, (__m512)vexp16((vf16)x1));
+        __m512 p0 = _mm512_maskz_mov_ps(m0, vexp16(x0));
+        __m512 p1 = _mm512_maskz_mov_ps(m1, vexp16(x1));
         sum = _mm512_add_ps(sum, _mm512_add_ps(p0, p1));
         const __m512 h0 = _mm512_castsi512_ps(_mm512_and_si512(_mm512_castps_si512(p0), top));
         const __m512 h1 = _mm512_castsi512_ps(_mm512_and_si512(_mm512_castps_si512(p1), top));
@@ -457,8 +454,8 @@ static inline float softmax_i16(float *s, int64_t n, float *row_max, float *row_
         const __mmask16 m0 = first_lanes(n - t), m1 = first_lanes(n - t - 16);
         const __m512 x0 = _mm512_maskz_sub_ps(m0, _mm512_loadu_ps(s + t), mx);
         const __m512 x1 = _mm512_maskz_sub_ps(m1, _mm512_loadu_ps(s + t + 16), mx);
-        const __m512 p0 = _mm512_maskz_mov_ps(m0, (__m512)vexp16((vf16)x0));
-        const __m512 p1 = _mm512_maskz_mov_ps(m1, (__m512)vexp16((vf16)x1));
+        const __m512 p0 = _mm512_maskz_mov_ps(m0, vexp16(x0));
+        const __m512 p1 = _mm512_maskz_mov_ps(m1, vexp16(x1));
         sum = _mm512_add_ps(sum, _mm512_add_ps(p0, p1));
         /* plain loads, masked after: masked loads from memory were slow on the Zen 5 VM (lora.c's expand) */
         const __m512 w0 = _mm512_mul_ps(p0, _mm512_maskz_mov_ps(m0, _mm512_loadu_ps(v_scales + t)));
@@ -485,6 +482,50 @@ static inline float softmax_i16(float *s, int64_t n, float *row_max, float *row_
 #endif
 
 
+/* What tile_dp and the int8 build's tile share: an item's shapes (DP_ITEM), its rows' positions and sums
+ * (DP_ROWS), a step's keys and the next step's lines listed for the Fetcher (DP_STEP_FETCH), the rows' outputs
+ * (DP_ROWS_OUT). */
+#define DP_ITEM(NZ)                                                                                      \
+        const int64_t nz = NZ > 0 ? NZ : nz_rt, head_dim = nz * 32;                                      \
+        const int64_t group = args->num_q_heads / args->num_kv_heads;                                    \
+        const int64_t heads = item.num_kv_heads * group;                                                 \
+        const int64_t rows = item.num_queries * heads;                                                   \
+        if (rows <= 0) return;                                                                           \
+        const int64_t kv_row = KV_ROW(head_dim), row_stride = args->num_kv_heads * kv_row;               \
+        const int64_t seq_len = args->seq_lens[item.seq], token0 = args->query_start_loc[item.seq];      \
+        const int64_t num_queries = args->query_start_loc[item.seq + 1] - token0;                        \
+        const int32_t *block_table = args->block_tables + item.seq * args->max_blocks;                   \
+        const int64_t span = item.num_kv_heads * head_dim, first = item.first_kv_head * kv_row;          \
+        const int64_t kv_span = item.num_kv_heads * kv_row; /* the span's elements in the caches */     \
+        int64_t step = COPY_ELEMENTS / span; /* keys a step: what the buffers hold, in whole 32s if it can */ \
+        step = step > DP_STEP ? DP_STEP : step >= 32 ? step / 32 * 32 : step > 0 ? step : 1;
+#define DP_ROWS()                                                                                        \
+        float row_max[MAX_ROWS], row_sum[MAX_ROWS];                                                      \
+        int64_t last_pos[MAX_ROWS];                                                                      \
+        for (int64_t r = 0; r < rows; ++r) {                                                             \
+            last_pos[r] = seq_len - num_queries + item.first_query + r / heads;                          \
+            row_max[r] = -INFINITY, row_sum[r] = 0.0f;                                                   \
+            memset(acc[r], 0, head_dim * sizeof(float));                                                 \
+        }                                                                                                \
+        const int64_t tile_last = last_pos[rows - 1];
+#define DP_STEP_FETCH()                                                                                  \
+            const int64_t n = tile_last - pos + 1 < step ? tile_last - pos + 1 : step;                   \
+            const int64_t next = pos + step <= tile_last ? pos + step : -1;                              \
+            /* the next step's lines, a few each pair of keys a row multiplies: asked for at once (a slice \
+             * at each row's start), they filled the miss queue and stalled the loads behind them */       \
+            Fetcher fetch = {args->k_cache, args->v_cache, fetch_lines, 0, 0, 0, rows * ((n + 1) / 2)};    \
+            if (next >= 0) /* ticks: the pairs of keys the rows take this step */                        \
+                fetch.count = list_step_lines(args, block_table, next, tile_last, first, kv_span, row_stride, step, \
+                                              fetch_lines);
+#define DP_ROWS_OUT()                                                                                    \
+        for (int64_t r = 0; r < rows; ++r) {                                                             \
+            const int64_t j = item.first_query + r / heads;                                              \
+            const int64_t head = item.first_kv_head * group + r % heads;                                 \
+            act_t *out = args->out + ((token0 + j) * args->num_q_heads + head) * head_dim;               \
+            const vf inv = splat(1.0f / row_sum[r]);                                                     \
+            for (int64_t i = 0; i < 4 * nz; ++i) store_act(out + i * LANES, load(acc[r] + i * LANES) * inv); \
+        }
+
 /* An item walks its context in steps of COPY_ELEMENTS / span keys (32 for a decode item of SmolLM2's three kv heads,
  * 128 for one kv head of a prefill tile): the step's K copied to the stack (whole runs of a block in one read when
  * the item holds every kv head) and its V interleaved by key pairs, both in L1; then kv head by kv head, each row
@@ -498,42 +539,16 @@ static inline float softmax_i16(float *s, int64_t n, float *row_max, float *row_
  * L3 (2-vCPU Zen 4 VM, 2026-12-07); issued twice as fast (or into L1) they ran slower than before. */
 #define TILE_DP(NZ)                                                                                      \
     static void tile_dp_##NZ(const Args *args, WorkItem item, int64_t nz_rt) {                           \
-        const int64_t nz = NZ > 0 ? NZ : nz_rt, head_dim = nz * 32;                                      \
-        const int64_t group = args->num_q_heads / args->num_kv_heads;                                    \
-        const int64_t heads = item.num_kv_heads * group;                                                 \
-        const int64_t rows = item.num_queries * heads;                                                   \
-        if (rows <= 0) return;                                                                           \
-        const int64_t kv_row = KV_ROW(head_dim), row_stride = args->num_kv_heads * kv_row;               \
+        DP_ITEM(NZ);                                                                                     \
         const int64_t block_size = args->block_size, block_stride = block_size * row_stride;             \
-        const int64_t seq_len = args->seq_lens[item.seq], token0 = args->query_start_loc[item.seq];      \
-        const int64_t num_queries = args->query_start_loc[item.seq + 1] - token0;                        \
-        const int32_t *block_table = args->block_tables + item.seq * args->max_blocks;                   \
-        const int64_t span = item.num_kv_heads * head_dim, first = item.first_kv_head * kv_row;          \
-        const int64_t kv_span = item.num_kv_heads * kv_row; /* the span's elements in the caches */     \
-        int64_t step = COPY_ELEMENTS / span; /* keys a step: what the buffers hold, in whole 32s if it can */ \
-        step = step > DP_STEP ? DP_STEP : step >= 32 ? step / 32 * 32 : step > 0 ? step : 1;            \
         float acc[MAX_ROWS][NZ > 0 ? NZ * 32 : MAX_VECS * LANES];                                        \
         float scores[DP_STEP + 2 * DP_KEYS];                                                             \
         uint32_t high[DP_STEP / 2 + DP_KEYS], low[DP_STEP / 2 + DP_KEYS];                                \
-        float row_max[MAX_ROWS], row_sum[MAX_ROWS];                                                      \
-        int64_t last_pos[MAX_ROWS];                                                                      \
-        for (int64_t r = 0; r < rows; ++r) {                                                             \
-            last_pos[r] = seq_len - num_queries + item.first_query + r / heads;                          \
-            row_max[r] = -INFINITY, row_sum[r] = 0.0f;                                                   \
-            memset(acc[r], 0, head_dim * sizeof(float));                                                 \
-        }                                                                                                \
-        const int64_t tile_last = last_pos[rows - 1];                                                    \
+        DP_ROWS();                                                                                       \
         bf16 kbuf[COPY_ELEMENTS], vbuf[2 * COPY_ELEMENTS]; /* V by pairs: an odd step's last pair is padded */ \
         int64_t fetch_lines[MAX_STEP_LINES];                                                             \
         for (int64_t pos = 0; pos <= tile_last; pos += step) {                                           \
-            const int64_t n = tile_last - pos + 1 < step ? tile_last - pos + 1 : step;                   \
-            const int64_t next = pos + step <= tile_last ? pos + step : -1;                              \
-            /* the next step's lines, a few each pair of keys a row multiplies: asked for at once (a slice \
-             * at each row's start), they filled the miss queue and stalled the loads behind them */       \
-            Fetcher fetch = {args->k_cache, args->v_cache, fetch_lines, 0, 0, 0, rows * ((n + 1) / 2)};    \
-            if (next >= 0) /* ticks: the pairs of keys the rows take this step */                        \
-                fetch.count = list_step_lines(args, block_table, next, tile_last, first, kv_span, row_stride, step, \
-                                              fetch_lines);                                              \
+            DP_STEP_FETCH();                                                                             \
             copy_step(args, args->k_cache, block_table, pos, n, first, span, row_stride, (kv_t *)kbuf);     \
             for (int64_t t = 0; t < n; t += 2)                                                           \
                 interleave_pair(vbuf + t * span, (const bf16 *)(args->v_cache + KV_AT(pos + t)),         \
@@ -583,13 +598,7 @@ static inline float softmax_i16(float *s, int64_t n, float *row_max, float *row_
             }                                                                                            \
             fetch_rest(&fetch);                                                                          \
         }                                                                                                \
-        for (int64_t r = 0; r < rows; ++r) {                                                             \
-            const int64_t j = item.first_query + r / heads;                                              \
-            const int64_t head = item.first_kv_head * group + r % heads;                                 \
-            act_t *out = args->out + ((token0 + j) * args->num_q_heads + head) * head_dim;               \
-            const vf inv = splat(1.0f / row_sum[r]);                                                     \
-            for (int64_t i = 0; i < 4 * nz; ++i) store_act(out + i * LANES, load(acc[r] + i * LANES) * inv); \
-        }                                                                                                \
+        DP_ROWS_OUT();                                                                                   \
     }
 
 /* The int8 build's tile: tile_dp's walk with integer products (AVX512-VNNI's vpdpwssd: 32 int16 pairs into 16 int32
@@ -606,19 +615,7 @@ static inline float softmax_i16(float *s, int64_t n, float *row_max, float *row_
  * weight lies in an earlier step (the first token's, often) keeps few bits of its later P. Not kept. */
 #define TILE_I8(NZ)                                                                                      \
     static void tile_dp_##NZ(const Args *args, WorkItem item, int64_t nz_rt) {                           \
-        const int64_t nz = NZ > 0 ? NZ : nz_rt, head_dim = nz * 32;                                      \
-        const int64_t group = args->num_q_heads / args->num_kv_heads;                                    \
-        const int64_t heads = item.num_kv_heads * group;                                                 \
-        const int64_t rows = item.num_queries * heads;                                                   \
-        if (rows <= 0) return;                                                                           \
-        const int64_t kv_row = KV_ROW(head_dim), row_stride = args->num_kv_heads * kv_row;               \
-        const int64_t seq_len = args->seq_lens[item.seq], token0 = args->query_start_loc[item.seq];      \
-        const int64_t num_queries = args->query_start_loc[item.seq + 1] - token0;                        \
-        const int32_t *block_table = args->block_tables + item.seq * args->max_blocks;                   \
-        const int64_t span = item.num_kv_heads * head_dim, first = item.first_kv_head * kv_row;          \
-        const int64_t kv_span = item.num_kv_heads * kv_row; /* the span's elements in the caches */     \
-        int64_t step = COPY_ELEMENTS / span; /* keys a step: what the buffers hold, in whole 32s if it can */ \
-        step = step > DP_STEP ? DP_STEP : step >= 32 ? step / 32 * 32 : step > 0 ? step : 1;            \
+        DP_ITEM(NZ);                                                                                     \
         const int64_t scale_stride = (step + 15) / 16 * 16;                                              \
         float k_scales[KV_SCALES], v_scales[KV_SCALES]; /* the rows' scales: [kv head][key] */           \
         float acc[MAX_ROWS][NZ > 0 ? NZ * 32 : MAX_VECS * LANES];                                        \
@@ -626,28 +623,15 @@ static inline float softmax_i16(float *s, int64_t n, float *row_max, float *row_
         uint32_t pairs[DP_STEP / 2 + DP_KEYS];                                                           \
         int16_t q16[MAX_ROWS][NZ > 0 ? NZ * 32 : MAX_VECS * LANES];                                      \
         float q_scale[MAX_ROWS]; /* times the softmax scale */                                           \
-        float row_max[MAX_ROWS], row_sum[MAX_ROWS];                                                      \
-        int64_t last_pos[MAX_ROWS];                                                                      \
-        for (int64_t r = 0; r < rows; ++r) {                                                             \
-            last_pos[r] = seq_len - num_queries + item.first_query + r / heads;                          \
-            row_max[r] = -INFINITY, row_sum[r] = 0.0f;                                                   \
-            memset(acc[r], 0, head_dim * sizeof(float));                                                 \
+        DP_ROWS();                                                                                       \
+        for (int64_t r = 0; r < rows; ++r)                                                               \
             q_scale[r] = args->scale * quantize_q(q16[r], args->q + ((token0 + item.first_query + r / heads) * \
                                                   args->num_q_heads + item.first_kv_head * group + r % heads) * \
                                                   head_dim, head_dim);                                    \
-        }                                                                                                \
-        const int64_t tile_last = last_pos[rows - 1];                                                    \
         int16_t kbuf[COPY_ELEMENTS], vbuf[2 * COPY_ELEMENTS]; /* V by pairs: an odd step's last pair is padded */ \
         int64_t fetch_lines[MAX_STEP_LINES];                                                             \
         for (int64_t pos = 0; pos <= tile_last; pos += step) {                                           \
-            const int64_t n = tile_last - pos + 1 < step ? tile_last - pos + 1 : step;                   \
-            const int64_t next = pos + step <= tile_last ? pos + step : -1;                              \
-            /* the next step's lines, a few each pair of keys a row multiplies: asked for at once (a slice \
-             * at each row's start), they filled the miss queue and stalled the loads behind them */       \
-            Fetcher fetch = {args->k_cache, args->v_cache, fetch_lines, 0, 0, 0, rows * ((n + 1) / 2)};    \
-            if (next >= 0) /* ticks: the pairs of keys the rows take this step */                        \
-                fetch.count = list_step_lines(args, block_table, next, tile_last, first, kv_span, row_stride, step, \
-                                              fetch_lines);                                              \
+            DP_STEP_FETCH();                                                                             \
             widen_step(args, block_table, pos, n, first, item.num_kv_heads, head_dim, row_stride, scale_stride, \
                        kbuf, vbuf, k_scales, v_scales);                                                  \
             for (int64_t kh = 0; kh < item.num_kv_heads; ++kh) {                                         \
@@ -710,13 +694,7 @@ static inline float softmax_i16(float *s, int64_t n, float *row_max, float *row_
             }                                                                                            \
             fetch_rest(&fetch);                                                                          \
         }                                                                                                \
-        for (int64_t r = 0; r < rows; ++r) {                                                             \
-            const int64_t j = item.first_query + r / heads;                                              \
-            const int64_t head = item.first_kv_head * group + r % heads;                                 \
-            act_t *out = args->out + ((token0 + j) * args->num_q_heads + head) * head_dim;               \
-            const vf inv = splat(1.0f / row_sum[r]);                                                     \
-            for (int64_t i = 0; i < 4 * nz; ++i) store_act(out + i * LANES, load(acc[r] + i * LANES) * inv); \
-        }                                                                                                \
+        DP_ROWS_OUT();                                                                                   \
     }
 
 #ifdef KV_INT8
@@ -836,8 +814,8 @@ static void tile_amx(const Args *args, WorkItem item, int64_t head_dim) {
                 /* masked lanes: exp(0), then zeroed */
                 const __m512 x0 = _mm512_sub_ps(_mm512_mask_mov_ps(mx, m0, s0), mx);
                 const __m512 x1 = _mm512_sub_ps(_mm512_mask_mov_ps(mx, m1, s1), mx);
-                const __m512 p0 = _mm512_maskz_mov_ps(m0, (__m512)vexp16((vf16)x0));
-                const __m512 p1 = _mm512_maskz_mov_ps(m1, (__m512)vexp16((vf16)x1));
+                const __m512 p0 = _mm512_maskz_mov_ps(m0, vexp16(x0));
+                const __m512 p1 = _mm512_maskz_mov_ps(m1, vexp16(x1));
                 const float correction = expf(row_max[r] - block_max); /* 0 on the row's first keys */
                 row_sum[r] = row_sum[r] * correction + _mm512_reduce_add_ps(_mm512_add_ps(p0, p1));
                 row_max[r] = block_max;
