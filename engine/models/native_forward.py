@@ -9,10 +9,11 @@ down GEMM) against buffers of its own, and a step passes only its token count an
 The same kernels run on the same values as the module path (``LlamaForCausalLM``'s ``forward`` through each
 module), so the outputs are the same bit for bit; only the Python between them is gone. A program exists per band of
 token counts in which every projection's chosen GEMM path (``engine.models.gemm``) is a C kernel (``gemv``, ``packed``,
-``w8a8g``, ``dequantized`` where its dense copy runs the packed kernel), and one more with each projection's LoRA shrink
-and expand (``lora.c``, as ``Projection._add_lora`` calls them) for steps with adapters. A step outside those bands,
-with more than ``max_tokens`` tokens, with adapters the C LoRA loop does not take (float16, ranks that are not multiples
-of 8), on a tensor-parallel shard or off CPU runs the module path. ``ENGINE_NATIVE_FORWARD=0`` turns the replay off.
+``widened``, ``w8a8g``, ``dequantized`` where its dense copy runs the packed kernel), and one more with each
+projection's LoRA shrink and expand (``lora.c``, as ``Projection._add_lora`` calls them) for steps with adapters. A
+step outside those bands, with more than ``max_tokens`` tokens, with adapters the C LoRA loop does not take (float16,
+ranks that are not multiples of 8), on a tensor-parallel shard or off CPU runs the module path.
+``ENGINE_NATIVE_FORWARD=0`` turns the replay off.
 """
 
 import ctypes
@@ -231,7 +232,7 @@ class NativeForward:
         if bias is not None and not (bias.dtype == self.dtype and bias.is_contiguous()):
             return False
         bias_ptr = None if bias is None else bias.data_ptr()
-        if path in ("gemv", "packed"):
+        if path in ("gemv", "packed", "widened"):
             weight = operand[0]
             if weight is None or (path == "gemv" and num_tokens > 4):  # gemv.MAX_ROWS
                 return False

@@ -34,6 +34,8 @@
  * float32 (AVX-512F, or AVX2 with FMA). */
 int packed_gemm_available(void);
 int packed_gemm_f32_available(void);
+/* 1 when this build has the bf16 kernel on FMAs (packed_gemm_widened, below: AVX-512F), else 0. */
+int packed_gemm_widened_available(void);
 
 /* w [n, k] -> out [n / 32][k / 2][32][2]; -1 if the shape is not a multiple of the panel. */
 int packed_gemm_pack(const bf16 *w, int64_t n, int64_t k, bf16 *out) {
@@ -353,6 +355,124 @@ int packed_gemm_f32_available(void) { return 0; }
 
 int packed_gemm_f32(const float *x, int64_t m, const float *packed, const float *bias, int64_t n, int64_t k,
                     float *y, int64_t num_threads) {
+    (void)x, (void)m, (void)packed, (void)bias, (void)n, (void)k, (void)y, (void)num_threads;
+    return -1;
+}
+#endif
+
+#if defined(__AVX512F__)
+int packed_gemm_widened_available(void) { return 1; }
+
+/* bf16 on FMAs ("widened"): the bf16 panels (packed_gemm_pack) and bf16 x and y, but each pair of panel values
+ * widened to float32 in registers (the low value shifted up, the high one masked) and multiplied on FMAs against
+ * x widened to float32 once per call (in blocks of up to ROWS_WIDE rows, [k / 2][ROWS_WIDE][2]). Products of bf16
+ * values are exact in float32 and the sums float32, as vdpbf16ps's, in another order. For CPUs where vdpbf16ps is
+ * slower than two FMAs or absent: on the 2-vCPU Xeon VM (Intel model 207 with AVX512-BF16, no AMX) SmolLM2's
+ * projections took 106-200 GFLOP/s on vdpbf16ps (the packed kernel and oneDNN alike) against 230-370 in float32;
+ * the bf16 weight is still half the bytes of a float32 one. A pair costs two loads and four integer operations
+ * beside 4 x R FMAs; 12 rows x 32 columns of sums are 24 registers. */
+#define ROWS_WIDE 12
+
+#define KERNEL_WIDE(R)                                                                                        \
+    static inline void wide_##R(const float *x, int64_t k, const bf16 *panel, const char *next, int64_t from,  \
+                                int64_t count, const bf16 *bias, bf16 *y, int64_t n) {                       \
+        __m512 acc[R][2];                                                                                     \
+        for (int r = 0; r < R; ++r) acc[r][0] = acc[r][1] = _mm512_setzero_ps();                             \
+        const __m512i high = _mm512_set1_epi32((int)0xffff0000u);                                            \
+        const int64_t pairs = k / 2;                                                                          \
+        const char *fetch = next + from * 64;                                                                 \
+        int64_t due = 0;                                                                                      \
+        for (int64_t j = 0; j < pairs; ++j) {                                                                 \
+            const __m512i w0 = _mm512_loadu_si512(panel + j * 2 * PANEL);                                     \
+            const __m512i w1 = _mm512_loadu_si512(panel + j * 2 * PANEL + PANEL);                             \
+            const __m512 even0 = _mm512_castsi512_ps(_mm512_slli_epi32(w0, 16));                             \
+            const __m512 odd0 = _mm512_castsi512_ps(_mm512_and_si512(w0, high));                              \
+            const __m512 even1 = _mm512_castsi512_ps(_mm512_slli_epi32(w1, 16));                             \
+            const __m512 odd1 = _mm512_castsi512_ps(_mm512_and_si512(w1, high));                              \
+            const float *a = x + j * ROWS_WIDE * 2;                                                           \
+            for (int r = 0; r < R; ++r) {                                                                     \
+                const __m512 a0 = _mm512_set1_ps(a[2 * r]), a1 = _mm512_set1_ps(a[2 * r + 1]);               \
+                acc[r][0] = _mm512_fmadd_ps(a0, even0, acc[r][0]);                                            \
+                acc[r][1] = _mm512_fmadd_ps(a0, even1, acc[r][1]);                                            \
+                acc[r][0] = _mm512_fmadd_ps(a1, odd0, acc[r][0]);                                             \
+                acc[r][1] = _mm512_fmadd_ps(a1, odd1, acc[r][1]);                                             \
+            }                                                                                                 \
+            if (next != NULL)                                                                                 \
+                for (due += count; due >= pairs; due -= pairs, fetch += 64) __builtin_prefetch(fetch, 0, 1);  \
+        }                                                                                                     \
+        __m512 b0 = _mm512_setzero_ps(), b1 = b0;                                                            \
+        if (bias != NULL) {                                                                                   \
+            b0 = _mm512_castsi512_ps(_mm512_slli_epi32(                                                       \
+                _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)bias)), 16));                       \
+            b1 = _mm512_castsi512_ps(_mm512_slli_epi32(                                                       \
+                _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)(bias + 16))), 16));                \
+        }                                                                                                     \
+        for (int r = 0; r < R; ++r) {                                                                         \
+            _mm256_storeu_si256((__m256i *)(y + r * n), round_bf16(_mm512_add_ps(acc[r][0], b0)));           \
+            _mm256_storeu_si256((__m256i *)(y + r * n + 16), round_bf16(_mm512_add_ps(acc[r][1], b1)));      \
+        }                                                                                                     \
+    }
+
+/* 16 float32 to bf16, rounded to nearest even (a NaN to the quiet 0x7fc0), as float_to_bf16 and vcvtneps2bf16. */
+static inline __m256i round_bf16(__m512 v) {
+#if defined(__AVX512BF16__)
+    return (__m256i)_mm512_cvtneps_pbh(v);
+#else
+    const __m512i u = _mm512_castps_si512(v);
+    const __m512i odd = _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1));
+    __m512i rounded = _mm512_srli_epi32(_mm512_add_epi32(u, _mm512_add_epi32(odd, _mm512_set1_epi32(0x7fff))), 16);
+    rounded = _mm512_mask_mov_epi32(rounded, _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q), _mm512_set1_epi32(0x7fc0));
+    return _mm512_cvtepi32_epi16(rounded);
+#endif
+}
+
+KERNEL_WIDE(1)
+KERNEL_WIDE(2)
+KERNEL_WIDE(3)
+KERNEL_WIDE(4)
+KERNEL_WIDE(5)
+KERNEL_WIDE(6)
+KERNEL_WIDE(7)
+KERNEL_WIDE(8)
+KERNEL_WIDE(9)
+KERNEL_WIDE(10)
+KERNEL_WIDE(11)
+KERNEL_WIDE(12)
+
+typedef void (*KernelWide)(const float *, int64_t, const bf16 *, const char *, int64_t, int64_t, const bf16 *, bf16 *,
+                           int64_t);
+static const KernelWide wide[ROWS_WIDE + 1] = {NULL,   wide_1, wide_2, wide_3,  wide_4,  wide_5, wide_6,
+                                               wide_7, wide_8, wide_9, wide_10, wide_11, wide_12};
+
+/* y [m, n] = x [m, k] @ W.T (+ bias [n]), W packed by packed_gemm_pack; all bf16, the arithmetic float32. */
+int packed_gemm_widened(const bf16 *x, int64_t m, const bf16 *packed, const bf16 *bias, int64_t n, int64_t k,
+                        bf16 *y, int64_t num_threads) {
+    if (m < 1 || n <= 0 || k <= 0 || n % PANEL || k % 2) return -1;
+    const int64_t blocks = (m + ROWS_WIDE - 1) / ROWS_WIDE, per_block = (m + blocks - 1) / blocks;
+    float *xp = malloc((size_t)(blocks * k * ROWS_WIDE) * sizeof(float));
+    if (xp == NULL) return -1;
+#pragma omp parallel num_threads(num_threads)
+    {
+#pragma omp for schedule(static)
+        for (int64_t b = 0; b < blocks; ++b) {
+            const int64_t r0 = b * per_block, rows = m - r0 < per_block ? m - r0 : per_block;
+            float *block = xp + b * k * ROWS_WIDE;
+            for (int64_t r = 0; r < rows; ++r)
+                for (int64_t j = 0; j < k / 2; ++j) {
+                    block[(j * ROWS_WIDE + r) * 2] = bf16_to_float(x[(r0 + r) * k + 2 * j]);
+                    block[(j * ROWS_WIDE + r) * 2 + 1] = bf16_to_float(x[(r0 + r) * k + 2 * j + 1]);
+                }
+        }
+        WALK_PANELS(bf16, wide, k * PANEL, blocks, per_block, xp + b * k * ROWS_WIDE);
+    }
+    free(xp);
+    return 0;
+}
+#else
+int packed_gemm_widened_available(void) { return 0; }
+
+int packed_gemm_widened(const bf16 *x, int64_t m, const bf16 *packed, const bf16 *bias, int64_t n, int64_t k,
+                        bf16 *y, int64_t num_threads) {
     (void)x, (void)m, (void)packed, (void)bias, (void)n, (void)k, (void)y, (void)num_threads;
     return -1;
 }

@@ -28,6 +28,9 @@ def _library():
             getattr(library, f"packed_gemm_pack{suffix}").argtypes = [_P, _I, _I, _P]
             getattr(library, f"packed_gemm{suffix}").restype = ctypes.c_int
             getattr(library, f"packed_gemm{suffix}").argtypes = [_P, _I, _P, _P, _I, _I, _P, _I]
+        library.packed_gemm_widened_available.restype = ctypes.c_int
+        library.packed_gemm_widened.restype = ctypes.c_int
+        library.packed_gemm_widened.argtypes = [_P, _I, _P, _P, _I, _I, _P, _I]
         library._typed = True
     return library
 
@@ -41,6 +44,14 @@ def available(dtype: torch.dtype = torch.bfloat16) -> bool:
             and getattr(library, f"packed_gemm{_KINDS[dtype][0]}_available")() == 1)
 
 
+@cache
+def available_widened() -> bool:
+    """Whether this machine's build has the bf16 kernel on FMAs (``packed_gemm_widened``: AVX-512F, with or without
+    AVX512-BF16): the bf16 panels widened to float32 in registers, for CPUs where vdpbf16ps is slow or absent."""
+    library = _library()
+    return library is not None and library.packed_gemm_widened_available() == 1
+
+
 @dataclass(frozen=True, slots=True)
 class PackedWeight:
     """A weight [N, K] in ``packed_gemm.c``'s panels (flat: bf16 [N / 32][K / 2][32][2], float32 [N / 32][K][32])."""
@@ -51,10 +62,12 @@ class PackedWeight:
     kernel: object  # the C function for its dtype
 
 
-def pack(weight: torch.Tensor) -> PackedWeight | None:
-    """``weight`` [N, K] (bf16 or float32) packed for :func:`packed_gemm`, or None where the kernel cannot take it."""
+def pack(weight: torch.Tensor, widened: bool = False) -> PackedWeight | None:
+    """``weight`` [N, K] (bf16 or float32) packed for :func:`packed_gemm`, or None where the kernel cannot take it.
+    ``widened``: a bf16 weight for the kernel on FMAs (the same panels) instead of the one on vdpbf16ps."""
     weight = weight.detach()
-    if not (available(weight.dtype) and weight.device.type == "cpu" and weight.dim() == 2):
+    usable = (weight.dtype == torch.bfloat16 and available_widened()) if widened else available(weight.dtype)
+    if not (usable and weight.device.type == "cpu" and weight.dim() == 2):
         return None
     n, k = weight.shape
     suffix, k_multiple = _KINDS[weight.dtype]
@@ -65,7 +78,8 @@ def pack(weight: torch.Tensor) -> PackedWeight | None:
     library = _library()
     if getattr(library, f"packed_gemm_pack{suffix}")(weight.data_ptr(), n, k, data.data_ptr()) != 0:
         return None
-    return PackedWeight(data, n, k, getattr(library, f"packed_gemm{suffix}"))
+    kernel = library.packed_gemm_widened if widened else getattr(library, f"packed_gemm{suffix}")
+    return PackedWeight(data, n, k, kernel)
 
 
 def packed_gemm(x: torch.Tensor, weight: PackedWeight, bias: torch.Tensor | None) -> torch.Tensor | None:

@@ -36,7 +36,9 @@ def test_this_torch_build_has_onednn_for_fp32_and_for_bf16_where_the_cpu_has_it(
     bf16 = ("torch", "onednn") if torch.ops.mkldnn._is_mkldnn_bf16_supported() else ("torch",)
     # kernels/cpu/gemv.c and packed_gemm.c: tests/kernels/test_gemv.py and test_packed_gemm.py
     dots = ("gemv", "packed") if "avx512_bf16" in cpu_info().flags else ()
-    assert available_paths("cpu", torch.bfloat16) == bf16 + dots
+    widened = ("widened",) if "avx512f" in flags else ()  # bf16 panels on FMAs (packed_gemm.c)
+    assert available_paths("cpu", torch.bfloat16) == bf16 + dots + widened
+    assert "widened" not in available_paths("cpu", torch.float32)
     assert available_paths("cuda", torch.bfloat16) == ("torch",)  # cuBLAS through F.linear, nothing else
 
 

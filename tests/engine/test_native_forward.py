@@ -21,7 +21,7 @@ NUM_BLOCKS = 80
 
 
 def _paths(dtype: torch.dtype) -> list[str]:
-    return [path for path in ("gemv", "packed") if path in gemm.available_paths("cpu", dtype)]
+    return [path for path in ("gemv", "packed", "widened") if path in gemm.available_paths("cpu", dtype)]
 
 
 def _model(folder, dtype: torch.dtype, bands, quantization: str | None = None):

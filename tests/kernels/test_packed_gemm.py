@@ -13,7 +13,9 @@ from tests.support.gemm_operands import bf16_operands
 
 HAS_DOTS = {"avx512_bf16", "avx512bw"} <= cpu_info().flags
 HAS_F32 = "avx512f" in cpu_info().flags or {"avx2", "fma"} <= cpu_info().flags
+HAS_WIDE = "avx512f" in cpu_info().flags  # the bf16 kernel on FMAs (packed_gemm_widened)
 needs_dots = pytest.mark.skipif(not HAS_DOTS, reason="the kernel needs AVX512-BF16; other CPUs never offer the path")
+needs_wide = pytest.mark.skipif(not HAS_WIDE, reason="the widened bf16 kernel needs AVX-512F, as its path does")
 needs_f32 = pytest.mark.skipif(not HAS_F32, reason="the fp32 kernel needs AVX-512 or AVX2 + FMA, as its path does")
 # every remainder of the 8-row (AVX2: 6-row) kernel, and from 9 rows on (bf16; float32 on AVX-512 from 17) blocks of
 # up to 12 rows
@@ -29,6 +31,8 @@ def test_available_exactly_where_the_cpu_has_the_instructions():
     assert packed_gemm.available(torch.float32) == HAS_F32
     assert ("packed" in available_paths("cpu", torch.float32)) == HAS_F32
     assert not packed_gemm.available(torch.float16)
+    assert packed_gemm.available_widened() == HAS_WIDE
+    assert ("widened" in available_paths("cpu", torch.bfloat16)) == HAS_WIDE
 
 
 @needs_dots
@@ -59,6 +63,37 @@ def test_matches_float32_products_within_one_bf16_rounding(m, n, k, bias):
     assert torch.equal(packed_gemm.packed_gemm(x[-1:].clone(), packed_gemm.pack(w), b), y[-1:])
 
 
+@needs_wide
+@pytest.mark.parametrize("m", ROW_COUNTS)
+@pytest.mark.parametrize(("n", "k", "bias"),
+                         [(960, 576, False), (576, 1536, True), (3072, 576, False), (32, 2, True), (64, 34, False)])
+def test_widened_matches_float32_products_within_one_bf16_rounding(m, n, k, bias):
+    """The bf16 panels widened to float32 on FMAs: the same exact products, float32 sums, one rounding to bf16."""
+    x, w, b = _operands(m, n, k, bias, seed=m + n + k)
+    packed = packed_gemm.pack(w, widened=True)
+    y = packed_gemm.packed_gemm(x, packed, b)
+    assert y is not None and y.dtype == torch.bfloat16 and y.shape == (m, n)
+    expected = F.linear(x.float(), w.float(), None if b is None else b.float())
+    torch.testing.assert_close(y.float(), expected, rtol=2**-8, atol=1e-3)
+    assert torch.equal(packed_gemm.packed_gemm(x[-1:].clone(), packed, b), y[-1:])
+    if HAS_DOTS:  # the same panels as the vdpbf16ps kernel's
+        assert torch.equal(packed.data, packed_gemm.pack(w).data)
+
+
+@needs_wide
+def test_widened_rounds_to_nearest_even_as_torch_does():
+    """With two inputs a sum is rounded once in float32 whatever the order, so each bf16 result is torch's rounding
+    of the float32 one: ties to even, values past bf16's range to infinity, NaN kept."""
+    g = torch.Generator().manual_seed(3)
+    x = (torch.randn(145, 2, generator=g) * torch.logspace(-30, 30, 145).unsqueeze(1)).to(torch.bfloat16)
+    w = torch.randn(64, 2, generator=g).to(torch.bfloat16)
+    x[0, 0], x[1, 1], x[2, 0] = float("nan"), float("inf"), 3e38
+    y = packed_gemm.packed_gemm(x, packed_gemm.pack(w, widened=True), None)
+    expected = F.linear(x.float(), w.float()).to(torch.bfloat16)
+    assert torch.equal(y.isnan(), expected.isnan()) and y[0].isnan().all()
+    assert torch.equal(y[~y.isnan()], expected[~expected.isnan()])
+
+
 @needs_f32
 @pytest.mark.parametrize("m", ROW_COUNTS)
 @pytest.mark.parametrize(("n", "k", "bias"), [(960, 576, True), (576, 1536, False), (32, 1, True), (64, 35, False)])
@@ -74,18 +109,20 @@ def test_float32_matches_float64_products_to_the_sums_order(m, n, k, bias):
     assert torch.equal(packed_gemm.packed_gemm(x[-1:].clone(), packed_gemm.pack(w), b), y[-1:])
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, "widened"])
 @pytest.mark.parametrize("m", [9, 12, 17, 24, 40, 64, 145])
 def test_blocks_of_interleaved_rows_give_the_8_row_kernels_bits(m, dtype):
     """From 9 rows on in bf16 (17 in AVX-512 float32) x's rows are interleaved in blocks of up to 12; each sum still
     runs over the inputs in order from zero, so the result is bit for bit that of 8 rows at a time (x's rows as they
-    come)."""
-    if not (HAS_DOTS if dtype == torch.bfloat16 else HAS_F32):
+    come; the widened kernel always blocks its rows, in blocks that depend on M)."""
+    widened = dtype == "widened"
+    if not {torch.bfloat16: HAS_DOTS, torch.float32: HAS_F32, "widened": HAS_WIDE}[dtype]:
         pytest.skip(f"no {dtype} kernel on this CPU")
+    dtype = torch.bfloat16 if widened else dtype
     g = torch.Generator().manual_seed(m)
     x, w = torch.randn(m, 576, generator=g).to(dtype), (torch.randn(960, 576, generator=g) / 24).to(dtype)
     b = torch.randn(960, generator=g).to(dtype)
-    packed = packed_gemm.pack(w)
+    packed = packed_gemm.pack(w, widened)
     pieces = torch.cat([packed_gemm.packed_gemm(x[i:i + 8].clone(), packed, b) for i in range(0, m, 8)])
     assert torch.equal(packed_gemm.packed_gemm(x, packed, b), pieces)
 
@@ -104,6 +141,8 @@ def test_declines_what_it_does_not_compute():
     assert packed_gemm.pack(w[:944]) is None  # N not a multiple of 32
     assert packed_gemm.pack(w[:, :575]) is None  # K odd
     assert packed_gemm.pack(w[0]) is None  # not a matrix
+    assert packed_gemm.pack(w.float(), widened=True) is None  # the widened kernel takes bf16 weights only
+    assert packed_gemm.pack(w[:, :575], widened=True) is None  # K odd
     if not HAS_DOTS:
         assert packed_gemm.pack(w) is None
         return
