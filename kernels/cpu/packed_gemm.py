@@ -1,5 +1,6 @@
 """The GEMMs of ``packed_gemm.c`` on a weight packed once into 32-column panels, for the GEMM choice's ``packed`` path
-(``engine.models.gemm``): bf16 on CPUs with AVX512-BF16, float32 on CPUs with AVX-512 or AVX2 + FMA. ``pack``
+(``engine.models.gemm``): bf16 on CPUs with AVX512-BF16, float32 on CPUs with AVX-512 or AVX2 + FMA, and for the
+``widened`` path bf16 on FMAs (the same bf16 panels widened to float32 in registers) on CPUs with AVX-512F. ``pack``
 returns None where the kernel does not apply (no build, no such CPU, another dtype, N not a multiple of 32, an odd
 K in bf16) and ``packed_gemm`` None for an x it does not take: the caller multiplies another way."""
 
