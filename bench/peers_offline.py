@@ -67,6 +67,15 @@ def lora_requests(spec: dict) -> list:
     return [LoRARequest(f"bench-{i}", f"bench-{i}", path) for i, path in enumerate(spec["adapters"])]
 
 
+def kernel_seconds(llm, spec: dict) -> dict:
+    """This engine's decoder-layer kernel seconds so far, by kind (its C replay's own clock: the rest of a run's wall
+    time is the embedding, final norm, logits, sampling and the scheduler); {} for vLLM or where nothing replays."""
+    if spec["backend"] == "vllm":
+        return {}
+    replay = llm.llm_engine.stats().get("native_forward") or {}
+    return dict(replay.get("kernel_seconds", {}))
+
+
 def run(spec: dict) -> dict:
     started = time.perf_counter()
     llm = make_llm(spec)
@@ -90,9 +99,11 @@ def run(spec: dict) -> dict:
     short = SamplingParams(temperature=0, max_tokens=4)
     llm.generate(warm, short, lora_request=warm_loras if loras else None, use_tqdm=False)
     params = SamplingParams(temperature=0, max_tokens=spec["output_tokens"], ignore_eos=True)
+    kernels0 = kernel_seconds(llm, spec)
     load_start, cpu0, wall0 = os.getloadavg(), cpu_seconds(), time.perf_counter()
     outputs = llm.generate(prompts, params, lora_request=per_request if loras else None, use_tqdm=False)
     wall, cpu = time.perf_counter() - wall0, cpu_seconds() - cpu0
+    kernels = {kind: round(seconds - kernels0.get(kind, 0.0), 3) for kind, seconds in kernel_seconds(llm, spec).items()}
     produced = sum(len(o.outputs[0].token_ids) for o in outputs)
     expected = len(prompts) * spec["output_tokens"]
     if produced != expected:
@@ -108,7 +119,7 @@ def run(spec: dict) -> dict:
     return {"ok": True, "tok_s": produced / wall, "wall_s": wall, "cpu_s": cpu, "startup_s": startup,
             "output_tokens": produced, "requests": len(prompts), "version": version,
             "torch": torch.__version__, "torch_threads": torch.get_num_threads(),
-            "load_avg": [load_start[0], os.getloadavg()[0]],
+            "load_avg": [load_start[0], os.getloadavg()[0]], "kernel_seconds": kernels,
             "first_tokens": [list(o.outputs[0].token_ids[:16]) for o in outputs]}
 
 
@@ -117,8 +128,10 @@ def main() -> int:
     result = run(spec)
     with open(spec["out"], "w") as out:
         json.dump(result, out)
+    split = ", ".join(f"{kind} {seconds:.2f}" for kind, seconds in result["kernel_seconds"].items())
     print(f"{spec['backend']} {spec['dtype']}: {result['tok_s']:.1f} output tok/s "
-          f"({result['wall_s']:.1f} s, start-up {result['startup_s']:.1f} s)", flush=True)
+          f"({result['wall_s']:.1f} s, start-up {result['startup_s']:.1f} s)" + (f"; kernel s: {split}" * bool(split)),
+          flush=True)
     return 0
 
 

@@ -346,6 +346,7 @@ class LLMEngine:
             "speculative": self.spec.stats() if self.spec is not None else None,
             "gemm": self.model_runner.gemm.stats(),  # dtype and the GEMM path of each projection per band of M
             "kernels": native.report(),  # the C kernels loaded, and any that did not build for this CPU
+            "native_forward": self.model_runner.native_stats(),  # replayed steps, kernel seconds by kind; None: off
             "tensor_parallel": self.model_runner.parallel_stats(),  # collectives run and their time; None: TP 1
             **(self.adapters.stats() if self.adapters is not None else _NO_ADAPTERS),
         }

@@ -193,6 +193,11 @@ class ModelRunner:
     def parallel_stats(self) -> dict | None:
         return self.workers.stats() if self.workers is not None else None
 
+    def native_stats(self) -> dict | None:
+        """The C replay of the decoder layers: steps and kernel seconds by kind; None where it does not run."""
+        native = getattr(self.model, "native", None)
+        return native.stats() if native is not None else None
+
     def shutdown(self) -> None:
         """Stop the workers of a tensor-parallel group (a no-op without one)."""
         if self.workers is not None:

@@ -70,6 +70,8 @@ class NativeForward:
         self.lora_slots = 0  # the slots every projection's adapter buffers hold (bind_lora)
         self.disabled = False
         self.values = (ctypes.c_int64 * NUM_VALUES)()
+        self.times = program.KernelTimes()  # every replay's time per kernel kind
+        self.steps = 0  # the steps replayed
         self.adapters_bound()
 
     @classmethod
@@ -117,9 +119,10 @@ class NativeForward:
         if lora_rows is not None:
             values[LORA_ROWS.index:] = (lora_rows.data_ptr(), lora_slots.data_ptr(), lora_rows.shape[0])
         try:
-            recorded.run(values)
+            recorded.run(values, self.times)
         except ProgramError as error:
             return self._failed(recorded, error)
+        self.steps += 1
         return self.residual[:num_tokens] + self.delta[:num_tokens]
 
     def _failed(self, recorded: program.Program, error: ProgramError) -> None:
@@ -134,6 +137,12 @@ class NativeForward:
                        kind, error.status)
         self.disabled = True
         return None
+
+    def stats(self) -> dict:
+        """The steps replayed and the seconds their kernels took, by kind (the layers only: not the embedding, the
+        final norm, the logits or sampling)."""
+        return {"steps": self.steps, "disabled": self.disabled,
+                "kernel_seconds": {name: round(seconds, 6) for name, seconds in self.times.seconds().items()}}
 
     def adapters_bound(self) -> None:
         """The projections' adapter buffers changed (``bind_lora``): programs are recorded again."""

@@ -3,7 +3,8 @@
 :class:`Program` records ops: a kernel (the ctypes function of one of the package's libraries) of a known kind and its
 arguments, each an int (a pointer or a size, constant for the program's life) or a :class:`Step` value, filled in at
 every :meth:`Program.run` from the values given there. What the pointers point at must outlive the program: the
-builder keeps the tensors it records (:meth:`Program.keep`).
+builder keeps the tensors it records (:meth:`Program.keep`). A run can add each op's wall time to a
+:class:`KernelTimes`, per kind: where a forward pass's time goes.
 """
 
 import ctypes
@@ -13,6 +14,9 @@ from kernels.cpu import native
 
 # program.c's op kinds
 ADD_RMS_NORM, GEMM, GEMM_INT8, ROTARY_QKV, ATTENTION, SILU_MUL, LORA_SHRINK, LORA_EXPAND = range(1, 9)
+KIND_NAMES = {ADD_RMS_NORM: "add_rms_norm", GEMM: "gemm", GEMM_INT8: "gemm_int8", ROTARY_QKV: "rotary_qkv",
+              ATTENTION: "attention", SILU_MUL: "silu_mul", LORA_SHRINK: "lora_shrink", LORA_EXPAND: "lora_expand"}
+NUM_KINDS = 9  # program.c's NUM_KINDS: the counters of a KernelTimes, indexed by kind
 MAX_ARGS = 16
 _ARITY = {ADD_RMS_NORM: 7, GEMM: 8, GEMM_INT8: 10, ROTARY_QKV: 14, ATTENTION: 16, SILU_MUL: 5, LORA_SHRINK: 10,
           LORA_EXPAND: 14}
@@ -42,9 +46,11 @@ def _library():
     library = native.load("program")
     if library is not None and not getattr(library, "_typed", False):
         library.program_run.restype = ctypes.c_int64
-        library.program_run.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p, ctypes.c_void_p]
-        library.program_op_size.restype = ctypes.c_int64
-        library._typed = library.program_op_size() == ctypes.sizeof(_Op)
+        library.program_run.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p, ctypes.c_void_p,
+                                        ctypes.c_void_p]
+        library.program_op_size.restype = library.program_num_kinds.restype = ctypes.c_int64
+        library._typed = (library.program_op_size() == ctypes.sizeof(_Op)
+                          and library.program_num_kinds() == NUM_KINDS)
     return library if library is not None and library._typed else None
 
 
@@ -56,6 +62,17 @@ def available() -> bool:
 def address(function) -> int:
     """The address of a ctypes library function (what an op calls)."""
     return ctypes.cast(function, ctypes.c_void_p).value
+
+
+class KernelTimes:
+    """Wall seconds spent in each op kind over the runs given it (nanosecond counters the C replay adds to)."""
+
+    def __init__(self):
+        self._ns = (ctypes.c_int64 * NUM_KINDS)()
+
+    def seconds(self) -> dict[str, float]:
+        """{kind name: seconds} for the kinds that ran."""
+        return {name: self._ns[kind] / 1e9 for kind, name in KIND_NAMES.items() if self._ns[kind]}
 
 
 class Program:
@@ -96,13 +113,14 @@ class Program:
         self._ops.append(op)
         self._array = None
 
-    def run(self, values) -> None:
-        """Replay every op with ``values`` (a ctypes int64 array of ``num_values``); :class:`ProgramError` from the
-        first op that fails (the ops before it have run)."""
+    def run(self, values, times: KernelTimes | None = None) -> None:
+        """Replay every op with ``values`` (a ctypes int64 array of ``num_values``), each op's time added to
+        ``times`` if given; :class:`ProgramError` from the first op that fails (the ops before it have run)."""
         library = _library()
         if self._array is None:
             self._array = (_Op * len(self._ops))(*self._ops)
         status = ctypes.c_int64(0)
-        failed = library.program_run(self._array, len(self._ops), values, ctypes.byref(status))
+        failed = library.program_run(self._array, len(self._ops), values, ctypes.byref(status),
+                                     None if times is None else times._ns)
         if failed >= 0:
             raise ProgramError(failed, status.value)

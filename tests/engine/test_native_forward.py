@@ -6,6 +6,7 @@ import pytest
 import torch
 
 import kernels
+from engine import LLM, SamplingParams
 from engine.batch_metadata import BatchMetadata
 from engine.config import ModelConfig
 from engine.models import gemm, native_forward
@@ -94,9 +95,9 @@ def _replays(monkeypatch) -> list[int]:
     runs = []
     original = program.Program.run
 
-    def counted(self, values):
+    def counted(self, values, times=None):
         runs.append(values[0])  # the step's token count
-        return original(self, values)
+        return original(self, values, times)
 
     monkeypatch.setattr(program.Program, "run", counted)
     return runs
@@ -125,6 +126,9 @@ def test_a_replayed_step_computes_what_the_modules_do_bit_for_bit(variant, dtype
     runs = _replays(monkeypatch)
     native = _run_steps(model, True, dtype)
     assert sorted(runs) == sorted(len(sum((c[0] for c in s), [])) for s in STEPS)  # every step was replayed
+    stats = model.native.stats()
+    assert stats["steps"] == len(STEPS) and not stats["disabled"]
+    assert set(stats["kernel_seconds"]) == {"add_rms_norm", "gemm", "rotary_qkv", "attention", "silu_mul"}
     model.native = None
     _assert_same(native, _run_steps(model, False, dtype))
 
@@ -272,9 +276,11 @@ def test_program_fills_step_values_and_reports_the_op_that_failed():
     recorded.add(program.SILU_MUL, library.silu_mul,
                  (gate_up.data_ptr(), out.data_ptr(), program.Step(1), 16, program.Step(0)))
     values = (program.ctypes.c_int64 * 2)(1, 3)  # one thread, three rows
-    recorded.run(values)
+    times = program.KernelTimes()
+    recorded.run(values, times)
     torch.testing.assert_close(out[:3], torch.nn.functional.silu(gate_up[:3, :16]) * gate_up[:3, 16:])
     assert torch.isnan(out[3:]).all()  # rows past the step's count untouched
+    assert list(times.seconds()) == ["silu_mul"] and times.seconds()["silu_mul"] > 0
 
     with pytest.raises(ValueError, match="takes 5 arguments"):
         recorded.add(program.SILU_MUL, library.silu_mul, (0, 0, 1))
@@ -288,6 +294,18 @@ def test_program_fills_step_values_and_reports_the_op_that_failed():
         values[1] = 5
         out.fill_(float("nan"))
         with pytest.raises(program.ProgramError) as failure:
-            recorded.run(values)
+            recorded.run(values, times)
         assert (failure.value.index, failure.value.status) == (1, -1)
+        assert set(times.seconds()) == {"silu_mul", "gemm"}  # the failed op's time counts too
         assert not torch.isnan(out).any()
+
+
+def test_engine_stats_say_what_the_replay_ran_and_where_its_time_went(tiny_llama):
+    llm = LLM(str(tiny_llama), num_kv_blocks=64, block_size=4)
+    if llm.llm_engine.model_runner.model.native is None:
+        pytest.skip("this model's projections have no C kernel on this CPU: nothing is replayed")
+    llm.generate(["a b c", "d e f g h"], SamplingParams(max_tokens=6, temperature=0, ignore_eos=True))
+    stats = llm.llm_engine.stats()
+    replay = stats["native_forward"]
+    assert replay["steps"] == stats["steps"] > 0 and not replay["disabled"]
+    assert replay["kernel_seconds"]["gemm"] > 0 and replay["kernel_seconds"]["attention"] > 0
