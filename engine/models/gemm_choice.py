@@ -9,7 +9,10 @@ the sampled rows). The calls cycle through that projection's weights in every la
 memory as a step does, not from a warm cache; up to 16 rows a path's time is the mean of a whole cycle, each path on
 another layer than the others (the fastest single call there was one whose weight the cache still held). Band
 ``(M/2, M]`` takes the fastest path at M, unless the path that wins most bands for the shape is within ``_MARGIN``
-there: a second path for a shape costs a second copy of its weights.
+there: a second path for a shape costs a second copy of its weights. Where the C replay of the decoder layers runs
+(``engine.models.native_forward``), a step it cannot take pays Python between the kernels: a layer projection whose
+fastest path at some M is not a C kernel moves to its fastest C one when that costs the step's GEMMs less than the
+replay saves (``_replayable``; applied at each start, so the cache keeps the measured choice).
 
 The choice is cached in ``$ENGINE_GEMM_CACHE_DIR`` (default ``~/.cache/lora-platform/gemm``) under a key made of
 the CPU model and its GEMM-relevant flags, the torch version, a digest of the C kernels' sources, the thread count,
@@ -31,6 +34,7 @@ from pathlib import Path
 import torch
 
 from engine.cpu_info import cpu_info
+from engine.models import native_forward
 from engine.models.gemm import PATHS, LinearKernel, available_paths
 from engine.models.linear import Projection
 from engine.models.quant import allows_w8a8, weight_format
@@ -50,6 +54,11 @@ _COLD_TOKENS, _MIN_CYCLES = 16, 2
 # threads: 0.97 measured on a quiet 2-core VM, 0.38 with three other busy processes): a choice timed while other
 # work held the cores would be kept for good.
 _MIN_CPU_SHARE = 0.8
+# What a step the C replay of the decoder layers cannot take (a projection there on torch or oneDNN) pays in Python,
+# per layer, counted low: a one-sequence fp32 step of SmolLM2 (30 layers) took 26.7 ms with q|k|v and o on `torch`
+# at M = 1 against 20.5 with them on `gemv` and replayed (Xeon 6/207, 2026-12-07); 3.5 ms of an 11.6 ms bf16 step on
+# the Zen 4 VM.
+_MODULE_OVERHEAD_S = 100e-6
 
 
 @dataclass(slots=True)
@@ -89,6 +98,7 @@ class GemmChoice:
     seconds: float = 0.0  # spent timing
     cache_file: str | None = None
     weights: dict[str, str] = field(default_factory=dict)  # group name -> weight format ("dense", "int8", "int4")
+    replay_moves: list[dict] = field(default_factory=list)  # bands moved to a C path so that the replay takes them
 
     def describe(self) -> str:
         return "; ".join(f"{name} " + ", ".join(f"{path} M<={limit}" for limit, path in bands)
@@ -99,7 +109,7 @@ class GemmChoice:
                 "tuning_seconds": round(self.seconds, 2), "cache_file": self.cache_file, "weights": self.weights,
                 "bands": {name: [{"max_tokens": limit, "path": path} for limit, path in bands]
                           for name, bands in self.bands.items()},
-                "gflops": self.gflops}
+                "gflops": self.gflops, "replay_moves": self.replay_moves}
 
 
 def choose_gemm(model, *, mode: str, dtype: torch.dtype, device: torch.device, max_num_batched_tokens: int,
@@ -129,6 +139,8 @@ def choose_gemm(model, *, mode: str, dtype: torch.dtype, device: torch.device, m
     else:
         choice = GemmChoice(dtype, mode, "fixed", fixed)
     choice.weights = {group.name: group.weight_format for group in groups}
+    if device.type == "cpu" and native_forward.enabled() and getattr(model, "group", None) is None:
+        choice.bands, choice.replay_moves = _replayable(choice.bands, choice.gflops, groups)
     _bind(groups, choice, packed)
     detail = f" in {choice.seconds:.1f}s" if choice.source == "measured" else ""
     logger.info("GEMM paths for %s (%s%s): %s", str(dtype).removeprefix("torch."), choice.source, detail,
@@ -246,6 +258,67 @@ def _pick(table: dict[str, list]) -> list[tuple[int, str]]:
     for i, m in enumerate(tokens):
         best = winners[i]
         path = best if table[best][i] * (1 - _MARGIN) > table[usual][i] else usual
+        if bands and bands[-1][1] == path:
+            bands[-1] = (m, path)
+        else:
+            bands.append((m, path))
+    return bands
+
+
+def _replayable(bands: dict[str, list], gflops: dict[str, dict], groups: list[GemmGroup]):
+    """The bands with the C replay's saving counted: at each timed M the replay takes (native_forward.MAX_TOKENS)
+    where some layer projection's path is not one it records (``native_forward.REPLAYED_PATHS``), those projections
+    move to their fastest path that is, if the time that adds to every layer's GEMMs together is less than the
+    Python the replay saves (_MODULE_OVERHEAD_S a layer). Returns (bands, the moves made)."""
+    layer_groups = [group for group in groups if group.name != "lm_head"]
+    if not layer_groups or any(group.name not in gflops for group in layer_groups):
+        return bands, []  # a fixed path (the config's, or the only one there is) has no times to weigh
+    tokens = gflops[layer_groups[0].name]["tokens"]
+    if any(gflops[group.name]["tokens"] != tokens for group in layer_groups):
+        return bands, []
+    saving = len(layer_groups[0].projections) * _MODULE_OVERHEAD_S
+    paths = {group.name: [_path_at(bands[group.name], m) for m in tokens] for group in layer_groups}
+    moves = []
+    for i, m in enumerate(tokens):
+        if m > native_forward.MAX_TOKENS:
+            break
+        cost, step_moves = 0.0, {}
+        for group in layer_groups:
+            table, chosen = gflops[group.name], paths[group.name][i]
+            if chosen in native_forward.REPLAYED_PATHS:
+                continue
+            replayed = [path for path in native_forward.REPLAYED_PATHS if table.get(path) and table[path][i] > 0]
+            if not replayed:
+                cost = float("inf")  # this M cannot be replayed whatever the others do
+                break
+            best = max(replayed, key=lambda path: table[path][i])
+            first = group.projections[0]
+            gigaflop = 2 * m * first.in_features * first.out_features / 1e9
+            extra = gigaflop / table[best][i] - (gigaflop / table[chosen][i] if table[chosen][i] > 0 else 0.0)
+            cost += len(group.projections) * extra
+            step_moves[group.name] = best
+        if step_moves and cost < saving:
+            for name, path in step_moves.items():
+                moves.append({"group": name, "tokens": m, "from": paths[name][i], "to": path,
+                              "gflops": [gflops[name][paths[name][i]][i], gflops[name][path][i]]})
+                paths[name][i] = path
+    if not moves:
+        return bands, []
+    logger.info("GEMM paths moved so that the C replay takes their steps (each adds less GEMM time than the %.1f ms "
+                "of Python a replayed step saves): %s", 1e3 * saving,
+                "; ".join(f"{move['group']} M={move['tokens']} {move['from']} -> {move['to']}" for move in moves))
+    return {name: _bands_of(tokens, paths[name]) if name in paths else value for name, value in bands.items()}, moves
+
+
+def _path_at(bands: list[tuple[int, str]], m: int) -> str:
+    """The path the band holding ``m`` tokens runs (past the last band: the last)."""
+    return next((path for limit, path in bands if m <= limit), bands[-1][1])
+
+
+def _bands_of(tokens: list[int], paths: list[str]) -> list[tuple[int, str]]:
+    """Bands (limit, path) from a path per timed token count, runs of one path merged."""
+    bands: list[tuple[int, str]] = []
+    for m, path in zip(tokens, paths, strict=True):
         if bands and bands[-1][1] == path:
             bands[-1] = (m, path)
         else:

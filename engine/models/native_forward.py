@@ -36,6 +36,7 @@ NUM_VALUES = 14
 (TOKENS, COS, SIN, SLOTS, BLOCK_TABLES, MAX_BLOCKS, SEQ_LENS, QUERY_START, SEQ_IDS, NUM_SEQS, THREADS, LORA_ROWS,
  LORA_SLOTS, LORA_COUNT) = map(Step, range(NUM_VALUES))
 MAX_TOKENS = 256  # the most tokens a replayed step takes: past that the GEMMs' time dwarfs the Python's
+REPLAYED_PATHS = ("gemv", "packed", "widened", "w8a8g", "dequantized")  # the GEMM paths a program records
 
 
 def enabled() -> bool:

@@ -144,6 +144,53 @@ def test_bands_take_the_fastest_path_unless_the_usual_one_is_close():
     assert gemm_choice._pick(table) == [(1, "torch"), (16, "onednn")]
 
 
+def _layer_groups(num_layers: int = 30):
+    """SmolLM2's q|k|v and o in every layer (the cost weighed is each call's FLOPs), and a vocabulary projection."""
+    def group(name, n, k, layers):
+        return gemm_choice.GemmGroup(
+            name, [Projection(f"model.layers.{i}.x", k, [(name, n)], bias=False) for i in range(layers)], 512)
+
+    return [group("q_proj+k_proj+v_proj", 960, 576, num_layers), group("o_proj", 576, 576, num_layers),
+            group("lm_head", 64, 576, 1)]
+
+
+def test_bands_move_to_a_c_path_where_the_python_a_replay_saves_outweighs_the_slower_gemm():
+    """At M = 1 torch beats gemv by 12% (q|k|v: 68 us a call against 76, 30 layers: 0.24 ms a step): the replay saves
+    more (3 ms), so both layer projections move. At M = 512, past what a replay takes, nothing moves; at M = 256
+    packed is 2x slower than onednn for q|k|v (about 30 ms a step more): no move. The vocabulary is never replayed."""
+    groups = _layer_groups()
+    tokens = [1, 2, 256, 512]
+    qkv = {"tokens": tokens, "torch": [16.3, 38.0, 300.0, 300.0], "onednn": [9.0, 20.0, 340.0, 350.0],
+           "gemv": [14.5, 32.7, 0.0, 0.0], "packed": [13.8, 32.7, 170.0, 170.0]}
+    o = {"tokens": tokens, "torch": [17.0, 39.4, 300.0, 300.0], "onednn": [8.0, 17.0, 330.0, 330.0],
+         "gemv": [14.8, 29.1, 0.0, 0.0], "packed": [13.9, 31.4, 320.0, 320.0]}
+    lm = {"tokens": [1, 2], "torch": [20.0, 40.0], "gemv": [10.0, 20.0]}
+    bands = {"q_proj+k_proj+v_proj": [(2, "torch"), (512, "onednn")], "o_proj": [(2, "torch"), (512, "onednn")],
+             "lm_head": [(2, "torch")]}
+    moved, moves = gemm_choice._replayable(bands, {"q_proj+k_proj+v_proj": qkv, "o_proj": o, "lm_head": lm}, groups)
+    assert moved == {"q_proj+k_proj+v_proj": [(2, "gemv"), (512, "onednn")],
+                     "o_proj": [(1, "gemv"), (2, "packed"), (512, "onednn")], "lm_head": [(2, "torch")]}
+    assert [(m["group"], m["tokens"], m["from"], m["to"]) for m in moves] == [
+        ("q_proj+k_proj+v_proj", 1, "torch", "gemv"), ("o_proj", 1, "torch", "gemv"),
+        ("q_proj+k_proj+v_proj", 2, "torch", "gemv"), ("o_proj", 2, "torch", "packed")]
+
+    qkv["gemv"][:2] = [1.6, 3.8]  # ten times slower at M <= 2: about 19 ms a step more for q|k|v alone
+    o["gemv"][:2] = o["packed"][:2] = [1.7, 3.9]
+    assert gemm_choice._replayable(bands, {"q_proj+k_proj+v_proj": qkv, "o_proj": o, "lm_head": lm}, groups) == (
+        bands, [])
+
+
+def test_no_move_where_a_layer_projection_has_no_c_path_or_no_times():
+    groups = _layer_groups()
+    tokens = [1, 2]
+    qkv = {"tokens": tokens, "torch": [16.0, 38.0], "gemv": [15.0, 36.0]}
+    o = {"tokens": tokens, "torch": [17.0, 39.0], "onednn": [9.0, 18.0]}  # no C path for o at all
+    bands = {"q_proj+k_proj+v_proj": [(2, "torch")], "o_proj": [(2, "torch")], "lm_head": [(2, "torch")]}
+    assert gemm_choice._replayable(bands, {"q_proj+k_proj+v_proj": qkv, "o_proj": o}, groups) == (bands, [])
+    # o fixed by the config (no times): nothing is weighed
+    assert gemm_choice._replayable(bands, {"q_proj+k_proj+v_proj": qkv}, groups) == (bands, [])
+
+
 def test_token_counts_are_powers_of_two_up_to_the_limit():
     group = gemm_choice.GemmGroup("o_proj", [], 100)
     assert group.token_counts() == [1, 2, 4, 8, 16, 32, 64, 100]
