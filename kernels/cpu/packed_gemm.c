@@ -61,23 +61,44 @@ int packed_gemm_pack_f32(const float *w, int64_t n, int64_t k, float *out) {
     return 0;
 }
 
+#ifndef X_CHUNK_BYTES
+#define X_CHUNK_BYTES (512 * 1024)
+#endif
+#ifndef X_WHOLE_BYTES
+#define X_WHOLE_BYTES (2 * 1024 * 1024)
+#endif
 /* Inside a parallel region: the panels of this thread, fetching each next one while computing the one before (see
- * the top); `kernels[rows]` multiplies block b of x's rows (`per_block` rows from r0, at X_AT) by one panel. */
-#define WALK_PANELS(T, kernels, panel_size, blocks, per_block, X_AT)                                      \
-    do {                                                                                                 \
-        const int64_t panels = n / PANEL, lines = (panel_size) * (int64_t)sizeof(T) / 64;                \
-        const int64_t threads = omp_get_num_threads(), t = omp_get_thread_num();                         \
-        const int64_t first = panels * t / threads, last = panels * (t + 1) / threads;                  \
-        for (int64_t p = first; p < last; ++p) {                                                         \
-            const T *panel = packed + p * (panel_size);                                                  \
-            const char *next = p + 1 < last ? (const char *)(panel + (panel_size)) : NULL;               \
-            for (int64_t b = 0; b < (blocks); ++b) {                                                     \
-                const int64_t r0 = b * (per_block), rows = m - r0 < (per_block) ? m - r0 : (per_block);  \
-                const int64_t from = lines * b / (blocks), count = lines * (b + 1) / (blocks) - from;    \
-                kernels[rows](X_AT, k, panel, next, from, count, bias == NULL ? NULL : bias + p * PANEL, \
-                              y + r0 * n + p * PANEL, n);                                                \
-            }                                                                                            \
-        }                                                                                                \
+ * the top); `kernels[rows]` multiplies block b of x's rows (`per_block` rows from r0, at X_AT) by one panel.
+ * The run of panels goes over x's blocks (block_bytes each). Up to X_WHOLE_BYTES of x, every panel passes over
+ * all of it; past that (a prefill chunk of 2048 tokens: 4.5 MiB of x widened to float32 at K = 576, against 2 MiB of
+ * L2 a core on the Xeon VM and 1 on the Zen VMs) the run is walked once per X_CHUNK_BYTES of x, which stays in L2
+ * while the panels pass, and each panel is read once per chunk instead (from L2 or L3). Within a chunk a panel
+ * multiplies the chunk's blocks while the next one (the run's first again, for the next chunk) is fetched. On the
+ * Xeon VM (family 6 model 207), SmolLM2's projections with 30 layers' weights cycled, M = 2048: widened bf16 and
+ * float32 ~10% faster (e.g. gate|up 301 -> 347 GFLOP/s); offline bf16 prefill 1,124 -> 1,187 prompt tok/s
+ * (alternating builds in one process, four rounds, 2026-12-08). */
+#define WALK_PANELS(T, kernels, panel_size, blocks, per_block, block_bytes, X_AT)                                   \
+    do {                                                                                                        \
+        const int64_t panels = n / PANEL, lines = (panel_size) * (int64_t)sizeof(T) / 64;                       \
+        const int64_t threads = omp_get_num_threads(), t = omp_get_thread_num();                                \
+        const int64_t first = panels * t / threads, last = panels * (t + 1) / threads;                         \
+        const int64_t chunk = (blocks) * (block_bytes) <= X_WHOLE_BYTES ? (blocks)                             \
+                              : X_CHUNK_BYTES / (block_bytes) > 1 ? X_CHUNK_BYTES / (block_bytes) : 1;         \
+        for (int64_t c0 = 0; c0 < (blocks); c0 += chunk) {                                                      \
+            const int64_t c1 = c0 + chunk < (blocks) ? c0 + chunk : (blocks), span = c1 - c0;                   \
+            for (int64_t p = first; p < last; ++p) {                                                            \
+                const T *panel = packed + p * (panel_size);                                                     \
+                const char *next = p + 1 < last ? (const char *)(panel + (panel_size))                          \
+                                   : c1 < (blocks) && first < last ? (const char *)(packed + first * (panel_size)) \
+                                   : NULL;                                                                      \
+                for (int64_t b = c0; b < c1; ++b) {                                                             \
+                    const int64_t r0 = b * (per_block), rows = m - r0 < (per_block) ? m - r0 : (per_block);     \
+                    const int64_t from = lines * (b - c0) / span, count = lines * (b - c0 + 1) / span - from;   \
+                    kernels[rows](X_AT, k, panel, next, from, count, bias == NULL ? NULL : bias + p * PANEL,    \
+                                  y + r0 * n + p * PANEL, n);                                                   \
+                }                                                                                               \
+            }                                                                                                   \
+        }                                                                                                       \
     } while (0)
 
 /* x's rows as they come, ROWS at a time. */
@@ -85,7 +106,7 @@ int packed_gemm_pack_f32(const float *w, int64_t n, int64_t k, float *out) {
     do {                                                                                                 \
         const int64_t blocks = (m + ROWS - 1) / ROWS;                                                    \
         _Pragma("omp parallel num_threads(num_threads)")                                                 \
-            WALK_PANELS(T, kernels, panel_size, blocks, ROWS, x + r0 * k);                               \
+            WALK_PANELS(T, kernels, panel_size, blocks, ROWS, ROWS * k * (int64_t)sizeof(T), x + r0 * k);   \
     } while (0)
 
 #if defined(__AVX512F__)
@@ -115,7 +136,8 @@ static inline __m512 widen16(const bf16 *values) {
                     for (int64_t j = 0; j < k / (E); ++j)                                                    \
                         memcpy(block + (j * (block_rows) + r) * (E), x + (r0 + r) * k + j * (E), (E) * sizeof(T)); \
             }                                                                                                \
-            WALK_PANELS(T, kernels, panel_size, blocks, per_block, xp + b * k * (block_rows));               \
+            WALK_PANELS(T, kernels, panel_size, blocks, per_block, (block_rows) * k * (int64_t)sizeof(T),    \
+                        xp + b * k * (block_rows));                                                          \
         }                                                                                                    \
         free(xp);                                                                                            \
     } while (0)
@@ -464,7 +486,8 @@ int packed_gemm_widened(const bf16 *x, int64_t m, const bf16 *packed, const bf16
                     block[(j * ROWS_WIDE + r) * 2 + 1] = bf16_to_float(x[(r0 + r) * k + 2 * j + 1]);
                 }
         }
-        WALK_PANELS(bf16, wide, k * PANEL, blocks, per_block, xp + b * k * ROWS_WIDE);
+        WALK_PANELS(bf16, wide, k * PANEL, blocks, per_block, ROWS_WIDE * k * (int64_t)sizeof(float),
+                    xp + b * k * ROWS_WIDE);
     }
     free(xp);
     return 0;

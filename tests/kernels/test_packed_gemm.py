@@ -127,6 +127,24 @@ def test_blocks_of_interleaved_rows_give_the_8_row_kernels_bits(m, dtype):
     assert torch.equal(packed_gemm.packed_gemm(x, packed, b), pieces)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, "widened"])
+@pytest.mark.parametrize(("m", "k"), [(2047, 576), (1100, 1536)])
+def test_a_large_x_walked_in_chunks_gives_the_bits_of_small_calls(m, k, dtype):
+    """Past 2 MiB of x (a prefill chunk of 2048 tokens) each thread walks its panels once per 512 KiB of x's rows;
+    every sum is still the same run over the inputs, so the result is bit for bit that of 8 rows at a time."""
+    widened = dtype == "widened"
+    if not {torch.float32: HAS_F32, torch.bfloat16: HAS_DOTS, "widened": HAS_WIDE}[dtype]:
+        pytest.skip(f"no {dtype} kernel on this CPU")
+    dtype = torch.bfloat16 if widened else dtype
+    g = torch.Generator().manual_seed(m + k)
+    x, w = torch.randn(m, k, generator=g).to(dtype), (torch.randn(96, k, generator=g) / k**0.5).to(dtype)
+    b = torch.randn(96, generator=g).to(dtype)
+    assert x.numel() * (4 if widened else x.element_size()) > 2 * 2**20  # the chunked walk
+    packed = packed_gemm.pack(w, widened)
+    pieces = torch.cat([packed_gemm.packed_gemm(x[i:i + 8].clone(), packed, b) for i in range(0, m, 8)])
+    assert torch.equal(packed_gemm.packed_gemm(x, packed, b), pieces)
+
+
 @needs_dots
 def test_the_vocabulary_projection_of_smollm2():
     x, w, _ = _operands(5, 49152, 576, False, seed=7)
