@@ -129,9 +129,9 @@ def main() -> int:
     with open(spec["out"], "w") as out:
         json.dump(result, out)
     split = ", ".join(f"{kind} {seconds:.2f}" for kind, seconds in result["kernel_seconds"].items())
+    split = f"; kernel s: {split}" if split else ""
     print(f"{spec['backend']} {spec['dtype']}: {result['tok_s']:.1f} output tok/s "
-          f"({result['wall_s']:.1f} s, start-up {result['startup_s']:.1f} s)" + (f"; kernel s: {split}" * bool(split)),
-          flush=True)
+          f"({result['wall_s']:.1f} s, start-up {result['startup_s']:.1f} s){split}", flush=True)
     return 0
 
 

@@ -120,23 +120,26 @@ static inline __m512 widen16(const bf16 *values) {
 #define EACH_R_TO_8(OP, X) OP(1, X) OP(2, X) OP(3, X) OP(4, X) OP(5, X) OP(6, X) OP(7, X) OP(8, X)
 
 /* x interleaved once per call: even blocks of up to `block_rows` rows, each [k / E][block_rows][E] (E inputs a
- * step: 1 in float32, a pair in bf16), so that a microkernel reads every row's inputs at one pointer plus a constant
- * (a pointer per row runs out of integer registers: see the float32 kernels). Returns -1 from the caller when the
- * block copy cannot be allocated. */
-#define DRIVE_BLOCKS(T, kernels, block_rows, E, panel_size)                                                  \
+ * step: 1 in float32, a pair in bf16) of XT, each input TO_X(x's value) (the same value, or bf16 widened to float32
+ * for packed_gemm_widened), so that a microkernel reads every row's inputs at one pointer plus a constant (a pointer
+ * per row runs out of integer registers: see the float32 kernels); T is the panels' type. Returns -1 from the caller
+ * when the block copy cannot be allocated. */
+#define SAME(v) (v)
+#define DRIVE_BLOCKS(T, XT, kernels, block_rows, E, panel_size, TO_X)                                        \
     do {                                                                                                     \
         const int64_t blocks = (m + (block_rows) - 1) / (block_rows), per_block = (m + blocks - 1) / blocks; \
-        T *xp = malloc((size_t)(blocks * k * (block_rows)) * sizeof(T));                                     \
+        XT *xp = malloc((size_t)(blocks * k * (block_rows)) * sizeof(XT));                                   \
         if (xp == NULL) return -1;                                                                           \
         _Pragma("omp parallel num_threads(num_threads)") {                                                   \
             _Pragma("omp for schedule(static)") for (int64_t b = 0; b < blocks; ++b) {                       \
                 const int64_t r0 = b * per_block, rows = m - r0 < per_block ? m - r0 : per_block;            \
-                T *block = xp + b * k * (block_rows);                                                        \
+                XT *block = xp + b * k * (block_rows);                                                       \
                 for (int64_t r = 0; r < rows; ++r)                                                           \
                     for (int64_t j = 0; j < k / (E); ++j)                                                    \
-                        memcpy(block + (j * (block_rows) + r) * (E), x + (r0 + r) * k + j * (E), (E) * sizeof(T)); \
+                        for (int e = 0; e < (E); ++e)                                                        \
+                            block[(j * (block_rows) + r) * (E) + e] = TO_X(x[(r0 + r) * k + j * (E) + e]);   \
             }                                                                                                \
-            WALK_PANELS(T, kernels, panel_size, blocks, per_block, (block_rows) * k * (int64_t)sizeof(T),    \
+            WALK_PANELS(T, kernels, panel_size, blocks, per_block, (block_rows) * k * (int64_t)sizeof(XT),   \
                         xp + b * k * (block_rows));                                                          \
         }                                                                                                    \
         free(xp);                                                                                            \
@@ -207,7 +210,7 @@ int packed_gemm(const bf16 *x, int64_t m, const bf16 *packed, const bf16 *bias, 
     if (m <= ROWS) /* x's rows as they are: one block of 8 (from 9 rows on the blocks gain 4-10%) */
         DRIVE(bf16, rows_bf16, k * PANEL);
     else
-        DRIVE_BLOCKS(bf16, block_bf16, ROWS_BF16, 2, k * PANEL);
+        DRIVE_BLOCKS(bf16, bf16, block_bf16, ROWS_BF16, 2, k * PANEL, SAME);
     return 0;
 }
 #else
@@ -285,7 +288,7 @@ int packed_gemm_f32(const float *x, int64_t m, const float *packed, const float 
         DRIVE(float, rows_f32, k * PANEL);
         return 0;
     }
-    DRIVE_BLOCKS(float, block_f32, ROWS_F32, 1, k * PANEL);
+    DRIVE_BLOCKS(float, float, block_f32, ROWS_F32, 1, k * PANEL, SAME);
     return 0;
 }
 #elif defined(__AVX2__) && defined(__FMA__)
@@ -471,25 +474,7 @@ static const KernelWide wide[ROWS_WIDE + 1] = {NULL,   wide_1, wide_2, wide_3,  
 int packed_gemm_widened(const bf16 *x, int64_t m, const bf16 *packed, const bf16 *bias, int64_t n, int64_t k,
                         bf16 *y, int64_t num_threads) {
     if (m < 1 || n <= 0 || k <= 0 || n % PANEL || k % 2) return -1;
-    const int64_t blocks = (m + ROWS_WIDE - 1) / ROWS_WIDE, per_block = (m + blocks - 1) / blocks;
-    float *xp = malloc((size_t)(blocks * k * ROWS_WIDE) * sizeof(float));
-    if (xp == NULL) return -1;
-#pragma omp parallel num_threads(num_threads)
-    {
-#pragma omp for schedule(static)
-        for (int64_t b = 0; b < blocks; ++b) {
-            const int64_t r0 = b * per_block, rows = m - r0 < per_block ? m - r0 : per_block;
-            float *block = xp + b * k * ROWS_WIDE;
-            for (int64_t r = 0; r < rows; ++r)
-                for (int64_t j = 0; j < k / 2; ++j) {
-                    block[(j * ROWS_WIDE + r) * 2] = bf16_to_float(x[(r0 + r) * k + 2 * j]);
-                    block[(j * ROWS_WIDE + r) * 2 + 1] = bf16_to_float(x[(r0 + r) * k + 2 * j + 1]);
-                }
-        }
-        WALK_PANELS(bf16, wide, k * PANEL, blocks, per_block, ROWS_WIDE * k * (int64_t)sizeof(float),
-                    xp + b * k * ROWS_WIDE);
-    }
-    free(xp);
+    DRIVE_BLOCKS(bf16, float, wide, ROWS_WIDE, 2, k * PANEL, bf16_to_float);
     return 0;
 }
 #else
