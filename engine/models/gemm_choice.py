@@ -7,7 +7,9 @@ Each distinct projection (q|k|v, o, gate|up, down, the vocabulary) is timed on e
 up to the most rows a step gives it (``max_num_batched_tokens``; for the vocabulary ``max_num_seqs``, as it only sees
 the sampled rows). The calls cycle through that projection's weights in every layer, so small M mostly reads them from
 memory as a step does, not from a warm cache; up to 16 rows a path's time is the mean of a whole cycle, each path on
-another layer than the others (the fastest single call there was one whose weight the cache still held). Band
+another layer than the others (the fastest single call there was one whose weight the cache still held); a count where
+some path reads well below both neighbouring counts is timed once more (a burst of other work over its few calls
+would be cached for good). Band
 ``(M/2, M]`` takes the fastest path at M, unless the path that wins most bands for the shape is within ``_MARGIN``
 there: a second path for a shape costs a second copy of its weights. Where the C replay of the decoder layers runs
 (``engine.models.native_forward``), a step it cannot take pays Python between the kernels: a layer projection whose
@@ -42,8 +44,10 @@ from kernels.cpu import native
 
 logger = logging.getLogger(__name__)
 
-_FORMAT = 3  # of the cache files: a new format never reads an old file as its own (3: cold cycles)
+_FORMAT = 4  # of the cache files: a new format never reads an old file as its own (3: cold cycles; 4: dips)
 _MARGIN = 0.10
+# A path this much slower at one token count than at both neighbouring ones is timed there again (_dips).
+_DIP = 0.25
 # Rounds of calls per token count: at least _MIN_ROUNDS, more while they add up to less than _BUDGET_S seconds
 # (small M is cheap and noisy).
 _MIN_ROUNDS, _MAX_ROUNDS, _BUDGET_S = 3, 32, 5e-3
@@ -188,20 +192,44 @@ def _cached_or_measured(groups: list[GemmGroup], dtype: torch.dtype):
 
 @torch.inference_mode()
 def _time_group(group: GemmGroup, dtype: torch.dtype):
-    """GFLOP/s of each path at each token count, and each path's operands (a packed copy of every weight)."""
+    """GFLOP/s of each path at each token count, and each path's operands (a packed copy of every weight). A token
+    count where some path dips well below its neighbours (``_dips``) is timed once more, each path keeping its faster
+    reading: a burst of other work over one count's few calls would otherwise be cached for good (the Zen 4 VM, int8
+    vocabulary projection: `w8a8g` read 626, 272, 756 GFLOP/s at M = 32, 64, 128 while pip ran beside it, and M = 64,
+    the offline workload's decode batch, went to `dequantized` at 430 against its 750: 1.24 s of a 9.8 s run)."""
     first, paths = group.projections[0], group.paths
     biases = [p.bias for p in group.projections]
     operands = {name: [PATHS[name].pack(p.gemm_weight) for p in group.projections] for name in paths}
     generator = torch.Generator().manual_seed(0)  # the global generator is the caller's
-    table: dict[str, list] = {"tokens": group.token_counts(), **{name: [] for name in paths}}
-    for m in table["tokens"]:
+    tokens = group.token_counts()
+
+    def measure(m: int) -> list[float]:
         x = torch.randn(m, first.in_features, generator=generator).to(dtype)  # [M, in]
         fits = tuple(name for name in paths if PATHS[name].max_tokens is None or m <= PATHS[name].max_tokens)
         seconds = _fastest_calls(fits, operands, biases, x)
         flops = 2 * m * first.in_features * first.out_features
-        for name in paths:  # a path past its max_tokens counts as 0 GFLOP/s: never chosen there
-            table[name].append(round(flops / seconds[name] / 1e9, 1) if name in seconds else 0.0)
+        # a path past its max_tokens counts as 0 GFLOP/s: never chosen there
+        return [flops / seconds[name] / 1e9 if name in seconds else 0.0 for name in paths]
+
+    rows = [measure(m) for m in tokens]
+    for i in _dips(rows):
+        rows[i] = [max(before, again) for before, again in zip(rows[i], measure(tokens[i]), strict=True)]
+    table: dict[str, list] = {"tokens": tokens,
+                              **{name: [round(row[p], 1) for row in rows] for p, name in enumerate(paths)}}
     return table, operands
+
+
+def _dips(rows: list[list[float]]) -> list[int]:
+    """The token counts (indices; M = 1 aside, whose rate is naturally the lowest) where some path's GFLOP/s is more
+    than _DIP below the lower of its neighbours' (the last count: below the one before it)."""
+    dips = []
+    for i in range(1, len(rows)):
+        for p, value in enumerate(rows[i]):
+            neighbours = [rows[j][p] for j in (i - 1, i + 1) if j < len(rows)]
+            if value > 0 and all(neighbours) and value < (1 - _DIP) * min(neighbours):
+                dips.append(i)
+                break
+    return dips
 
 
 def _fastest_calls(paths: tuple[str, ...], operands: dict[str, list], biases: list, x: torch.Tensor) -> dict:

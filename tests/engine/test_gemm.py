@@ -119,8 +119,50 @@ def test_small_m_is_timed_over_whole_cycles_each_path_on_another_layer(monkeypat
         for cycle in range(gemm_choice._MIN_CYCLES):  # every layer once a cycle
             assert set(mine[cycle * len(layers):(cycle + 1) * len(layers)]) == weights
     assert all(a[2] != b[2] for a, b in zip(small, small[1:], strict=False))  # never one layer twice in a row
-    large = [call for call in calls if call[1] == 32]
-    assert 2 * gemm_choice._MIN_ROUNDS <= len(large) <= 2 * gemm_choice._MAX_ROUNDS
+    large = [call for call in calls if call[1] == 32]  # once, or twice where it read as a dip (_dips)
+    assert 2 * gemm_choice._MIN_ROUNDS <= len(large) <= 2 * 2 * gemm_choice._MAX_ROUNDS
+
+
+def test_dips_are_the_counts_where_a_path_falls_below_both_neighbours():
+    # rows: per token count, each path's GFLOP/s; M = 1 (index 0) is never a dip, a 0 (past max_tokens) never counts
+    assert gemm_choice._dips([[10, 5], [20, 9], [40, 17], [60, 30]]) == []
+    assert gemm_choice._dips([[10, 5], [20, 9], [12, 17], [60, 30]]) == [2]  # path 0 at index 2
+    assert gemm_choice._dips([[10, 5], [20, 9], [40, 17], [60, 11]]) == [3]  # the last count against the one before
+    assert gemm_choice._dips([[10, 5], [20, 9], [35, 17], [60, 30]]) == []  # within _DIP of the lower neighbour
+    assert gemm_choice._dips([[1, 5], [20, 0], [40, 0]]) == []
+
+
+def test_a_count_that_dips_is_timed_again_and_keeps_the_faster_reading(monkeypatch):
+    """A burst of other work over one token count's few calls (here: a path slow on its first calls at M = 32, each
+    longer than the timing's budget, so there are _MIN_ROUNDS of them) reads as a dip against M = 16 and 64, so M = 32
+    is timed once more and the path keeps its second, faster reading."""
+    calls, slow = [], {"left": gemm_choice._MIN_ROUNDS}
+    burden = torch.randn(256, 256)
+
+    def bursty(x, weight, bias):
+        calls.append(x.shape[0])
+        if x.shape[0] == 32 and slow["left"] > 0:  # every call of the first timing at M = 32
+            slow["left"] -= 1
+            for _ in range(30):
+                burden @ burden
+        return x @ weight.t()
+
+    monkeypatch.setitem(PATHS, "bursty", GemmPath("bursty", lambda w: w, bursty))
+    projection = Projection("model.layers.0.mlp", 16, [("down_proj", 16)], bias=False)
+    group = gemm_choice.GemmGroup("down_proj", [projection], 64, paths=("torch", "bursty"))
+    first_reading = {}
+    real_dips = gemm_choice._dips
+
+    def spy(rows):
+        first_reading["bursty"] = rows[5][1]
+        return real_dips(rows)
+
+    monkeypatch.setattr(gemm_choice, "_dips", spy)
+    table, _ = gemm_choice._time_group(group, torch.float32)
+    assert table["tokens"] == [1, 2, 4, 8, 16, 32, 64]
+    at_32 = [i for i, m in enumerate(calls) if m == 32]
+    assert any(i > calls.index(64) for i in at_32)  # timed again after the last count
+    assert table["bursty"][5] > 10 * first_reading["bursty"] > 0
 
 
 @needs_onednn
