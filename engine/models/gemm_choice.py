@@ -222,14 +222,11 @@ def _time_group(group: GemmGroup, dtype: torch.dtype):
 def _dips(rows: list[list[float]]) -> list[int]:
     """The token counts (indices; M = 1 aside, whose rate is naturally the lowest) where some path's GFLOP/s is more
     than _DIP below the lower of its neighbours' (the last count: below the one before it)."""
-    dips = []
-    for i in range(1, len(rows)):
-        for p, value in enumerate(rows[i]):
-            neighbours = [rows[j][p] for j in (i - 1, i + 1) if j < len(rows)]
-            if value > 0 and all(neighbours) and value < (1 - _DIP) * min(neighbours):
-                dips.append(i)
-                break
-    return dips
+    def dips_at(i: int, p: int) -> bool:
+        neighbours = [rows[j][p] for j in (i - 1, i + 1) if j < len(rows)]
+        return 0 < rows[i][p] < (1 - _DIP) * min(neighbours) and all(neighbours)
+
+    return [i for i in range(1, len(rows)) if any(dips_at(i, p) for p in range(len(rows[i])))]
 
 
 def _fastest_calls(paths: tuple[str, ...], operands: dict[str, list], biases: list, x: torch.Tensor) -> dict:
